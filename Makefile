@@ -1,0 +1,61 @@
+# carbd — see README.md. Every target works on a fresh Debian 12 machine
+# after `make setup` (run as root, or with sudo available).
+
+GO       ?= go
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PKGS := clang-14 llvm-14 libbpf-dev bpftool iptables nftables iperf3 \
+            busybox-static cpio qemu-system-x86 qemu-system-common qemu-utils \
+            socat curl dnsutils iputils-ping netcat-openbsd tcpdump tshark \
+            iproute2 kmod ca-certificates make
+BIN      := bin/carbd
+
+.PHONY: all setup build test test-short bench demo generate check-generated fuzz clean
+
+all: build
+
+## setup: install every Debian package and Go module the project needs
+setup:
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PKGS)
+	$(GO) mod download
+	$(GO) build -o /dev/null ./...
+
+## build: the static carbd binary in bin/
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/carbd
+
+## test: every test; privileged ones run as root (CI) and skip otherwise
+test:
+	$(GO) vet ./...
+	CARBD_CI=$${CARBD_CI:-} $(GO) test -count=1 -timeout 20m ./...
+
+## test-short: the unprivileged unit tests only
+test-short:
+	$(GO) test -short ./pkg/decide/... ./pkg/calib/...
+
+## bench: run the benchmarks and write docs/bench-report.md with ratios
+bench:
+	$(GO) test -run='^$$' -bench=. -benchmem ./... | tee docs/bench-raw.txt
+
+## demo: the README's first command: a scripted agent in the netns sandbox
+demo: build
+	@echo "carbd demo: not yet (the daemon lands with the 'carbd run' issue)"
+
+## generate: rebuild the eBPF objects and Go bindings with clang-14
+generate:
+	$(GO) generate .
+
+## check-generated: fail when committed generated files are stale
+check-generated: generate
+	git diff --exit-code -- bpf/
+
+## fuzz: run each fuzz target for FUZZTIME (default 30s)
+FUZZTIME ?= 30s
+fuzz:
+	@for p in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list 'Fuzz.*' $$p 2>/dev/null | grep ^Fuzz); do \
+	    echo "== $$p $$f"; $(GO) test -run=^$$ -fuzz=^$$f$$ -fuzztime=$(FUZZTIME) $$p || exit 1; \
+	  done; done
+
+clean:
+	rm -rf bin

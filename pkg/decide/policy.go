@@ -1,0 +1,354 @@
+package decide
+
+import (
+	"net/netip"
+	"strings"
+
+	"github.com/bmatcuk/doublestar/v4"
+)
+
+// Level is a confidentiality level: an index into the policy's ordered
+// list of levels, 0 being the lowest (public). Join is max.
+type Level uint8
+
+// Join returns the least upper bound of two levels.
+func (l Level) Join(o Level) Level {
+	if o > l {
+		return o
+	}
+	return l
+}
+
+// Integrity is the integrity label: Untrusted ⊑ Trusted, meet on combination.
+type Integrity uint8
+
+const (
+	Untrusted Integrity = iota
+	Trusted
+)
+
+// Meet returns the greatest lower bound of two integrity labels.
+func (i Integrity) Meet(o Integrity) Integrity {
+	if o < i {
+		return o
+	}
+	return i
+}
+
+func (i Integrity) String() string {
+	if i == Trusted {
+		return "trusted"
+	}
+	return "untrusted"
+}
+
+// Label is the pair of labels carried by a value or a location.
+type Label struct {
+	Integrity Integrity `json:"integrity"`
+	Level     Level     `json:"level"`
+}
+
+// Combine merges two labels towards the conservative element: meet for
+// integrity, join for confidentiality.
+func (l Label) Combine(o Label) Label {
+	return Label{Integrity: l.Integrity.Meet(o.Integrity), Level: l.Level.Join(o.Level)}
+}
+
+// Glob is a compiled glob: doublestar syntax for paths ("**" spans
+// directories), plain '*' for hosts and operations.
+type Glob struct {
+	Pattern string
+}
+
+// Match reports whether s matches the glob.
+func (g Glob) Match(s string) bool {
+	ok, _ := doublestar.Match(g.Pattern, s)
+	return ok
+}
+
+func matchAny(gs []Glob, s string) bool {
+	for _, g := range gs {
+		if g.Match(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Endpoint selects network destinations: by host name glob, by address
+// prefix, and optionally by port. An Endpoint with neither hosts nor
+// prefixes matches nothing.
+type Endpoint struct {
+	Hosts    []Glob         // lowercased host globs, e.g. "*.github.com"
+	Prefixes []netip.Prefix // addresses and CIDRs
+	Ports    []uint16       // empty: any port
+}
+
+// Match reports whether the destination is selected.
+func (ep *Endpoint) Match(d *Dest) bool {
+	if d == nil {
+		return false
+	}
+	if len(ep.Ports) > 0 {
+		ok := false
+		for _, p := range ep.Ports {
+			if p == d.Port {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	if d.Host != "" && matchAny(ep.Hosts, strings.ToLower(strings.TrimSuffix(d.Host, "."))) {
+		return true
+	}
+	if d.Addr.IsValid() {
+		a := d.Addr.Unmap()
+		for _, p := range ep.Prefixes {
+			if p.Contains(a) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Source selects incoming events: by path glob on the file channel, by
+// endpoint on the net channel, and by object glob on any channel (e.g.
+// "tool:get_inbox" for traces of tool-calling agents).
+type Source struct {
+	Paths   []Glob
+	Net     Endpoint
+	Objects []Glob
+}
+
+// Match reports whether the event comes from this source.
+func (s *Source) Match(ev *Event) bool {
+	switch ev.Ch {
+	case ChanFile:
+		if matchAny(s.Paths, ev.Obj) {
+			return true
+		}
+	case ChanNet:
+		if s.Net.Match(ev.Dest) {
+			return true
+		}
+	}
+	return matchAny(s.Objects, ev.Obj)
+}
+
+// SensitiveSource is a source whose content is sensitive at Level.
+type SensitiveSource struct {
+	Source
+	Level Level
+}
+
+// Party is a named destination with a clearance: the highest level of
+// data it may receive.
+type Party struct {
+	Name      string
+	Endpoint  Endpoint
+	Objects   []Glob // for non-network destinations (e.g. a tool call's recipient value)
+	Clearance Level
+}
+
+// RefuseRule is an explicit operator rule: an effect it matches is refused
+// and no oracle can release it.
+type RefuseRule struct {
+	Name  string
+	Ops   []Glob   // operations, e.g. "file:write", "file:*"; empty: any
+	Paths []Glob   // file objects; empty with Net empty: any object
+	Net   Endpoint // network destinations
+	// Values: refuse when any field value, normalised, equals one of these.
+	Values []string
+}
+
+// Match reports whether the rule refuses the effect.
+func (r *RefuseRule) Match(ev *Event) bool {
+	if len(r.Ops) > 0 && !matchAny(r.Ops, ev.Op) {
+		return false
+	}
+	objSel := len(r.Paths) > 0 || len(r.Net.Hosts) > 0 || len(r.Net.Prefixes) > 0
+	if objSel {
+		hit := false
+		if ev.Ch == ChanFile && matchAny(r.Paths, ev.Obj) {
+			hit = true
+		}
+		if ev.Ch == ChanNet && r.Net.Match(ev.Dest) {
+			hit = true
+		}
+		if !hit {
+			return false
+		}
+	}
+	if len(r.Values) > 0 {
+		for _, f := range ev.Fields {
+			nv := Norm(f.Value)
+			for _, v := range r.Values {
+				if nv == v {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// OpSpec is what the policy says about one operation (or a glob of them).
+type OpSpec struct {
+	Ops  []Glob
+	Kind Kind
+	// Gate is the set of roles whose values must be derivable from T.
+	Gate RoleSet
+	// Roles maps field names to roles, overriding what the hook supplied
+	// (used for tool-calling traces: "recipient" -> target).
+	Roles map[string]Role
+	// DestField names the field whose value is the effect's destination
+	// for party and clearance lookups (a tool call's recipient).
+	DestField string
+	// Ledger features (G-CARB Table 1).
+	Financial    bool
+	Irreversible bool
+	Message      bool
+	// External marks the effect as an external sink. Net effects are
+	// external unless the destination is an internal channel.
+	External bool
+}
+
+// RoleSet is a set of roles as a bit mask.
+type RoleSet uint16
+
+// Has reports whether r is in the set.
+func (s RoleSet) Has(r Role) bool { return s&(1<<r) != 0 }
+
+// With returns the set with r added.
+func (s RoleSet) With(r Role) RoleSet { return s | 1<<r }
+
+// DefaultGate is the gated set when the policy says nothing: the
+// integrity-critical roles.
+const DefaultGate RoleSet = 1<<RoleTarget | 1<<RoleCredential | 1<<RoleCommand
+
+// Policy is a compiled, immutable policy. Build it with ParsePolicy or
+// LoadPolicy; never modify one after it is built (the engine publishes it
+// through an atomic pointer and reads it without locks).
+type Policy struct {
+	Name   string   // file it came from
+	Levels []string // ordered, lowest first
+
+	TaskTrusted   bool     // the principal's task is a trusted source (T_0)
+	TrustedValues []string // declared trusted values, normalised
+	Trusted       []Source
+	Sensitive     []SensitiveSource
+	Parties       []Party
+	Refuse        []RefuseRule
+	Internal      []Party // internal channels (the model provider): released and logged
+	Operations    []OpSpec
+	DefaultOp     OpSpec // applies when no operation matches
+
+	// UnknownPartyDefer: an effect to a party the policy does not name is
+	// deferred even when its values are trusted (Kairos). When false, an
+	// unnamed party has the lowest clearance.
+	UnknownPartyDefer bool
+}
+
+// LevelName returns the name of a level.
+func (p *Policy) LevelName(l Level) string {
+	if int(l) < len(p.Levels) {
+		return p.Levels[l]
+	}
+	return "level?"
+}
+
+// TopLevel is the highest declared level: the clearance of the mediated state.
+func (p *Policy) TopLevel() Level {
+	if len(p.Levels) == 0 {
+		return 0
+	}
+	return Level(len(p.Levels) - 1)
+}
+
+// MatchRefuse returns the first explicit refuse rule that matches ev.
+func (p *Policy) MatchRefuse(ev *Event) (*RefuseRule, bool) {
+	for i := range p.Refuse {
+		if p.Refuse[i].Match(ev) {
+			return &p.Refuse[i], true
+		}
+	}
+	return nil, false
+}
+
+// SourceLabel returns the label of an incoming event's source: trusted if
+// a trusted source declares it, and the join of the levels of every
+// sensitive source that matches it. A ctrl event from the principal is
+// trusted when the policy trusts the task.
+func (p *Policy) SourceLabel(ev *Event) Label {
+	var l Label
+	if ev.Ch == ChanCtrl {
+		if p.TaskTrusted {
+			l.Integrity = Trusted
+		}
+		return l
+	}
+	for i := range p.Trusted {
+		if p.Trusted[i].Match(ev) {
+			l.Integrity = Trusted
+			break
+		}
+	}
+	for i := range p.Sensitive {
+		if p.Sensitive[i].Match(ev) {
+			l.Level = l.Level.Join(p.Sensitive[i].Level)
+		}
+	}
+	return l
+}
+
+// Operation returns the spec of the first operation entry matching op, or
+// the default.
+func (p *Policy) Operation(op string) *OpSpec {
+	for i := range p.Operations {
+		if matchAny(p.Operations[i].Ops, op) {
+			return &p.Operations[i]
+		}
+	}
+	return &p.DefaultOp
+}
+
+// InternalChannel returns the internal channel the effect goes to, if any.
+func (p *Policy) InternalChannel(ev *Event) (*Party, bool) {
+	for i := range p.Internal {
+		if p.Internal[i].matches(ev, "") {
+			return &p.Internal[i], true
+		}
+	}
+	return nil, false
+}
+
+// Party returns the named party an outgoing effect goes to. dest is the
+// value of the operation's destination field, if it has one.
+func (p *Policy) Party(ev *Event, dest string) (*Party, bool) {
+	for i := range p.Parties {
+		if p.Parties[i].matches(ev, dest) {
+			return &p.Parties[i], true
+		}
+	}
+	return nil, false
+}
+
+func (pt *Party) matches(ev *Event, dest string) bool {
+	if ev.Ch == ChanNet && pt.Endpoint.Match(ev.Dest) {
+		return true
+	}
+	if dest != "" {
+		nd := Norm(dest)
+		for _, g := range pt.Objects {
+			if g.Match(nd) {
+				return true
+			}
+		}
+	}
+	return ev.Ch != ChanFile && matchAny(pt.Objects, ev.Obj)
+}
