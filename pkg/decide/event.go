@@ -206,6 +206,10 @@ type Event struct {
 	// it to the policy's operation table.
 	Kind Kind  `json:"kind,omitempty"`
 	Dest *Dest `json:"dest,omitempty"`
+	// Opaque marks an outgoing effect whose content carbd cannot see
+	// (TLS without interception, an unknown protocol): it is treated as
+	// possibly carrying every sensitive value read so far.
+	Opaque bool `json:"opaque,omitempty"`
 }
 
 // Origin is how an incoming event is named in provenance statements.

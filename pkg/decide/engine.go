@@ -1,0 +1,505 @@
+//go:build carbd_wip
+
+package decide
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/carbd/carbd/pkg/decide/match"
+)
+
+// Options configure an Engine.
+type Options struct {
+	// Oracle resolves deferred effects; nil means Strict.
+	Oracle Oracle
+	// OracleTimeout bounds one oracle call; 0 means no bound beyond the
+	// oracle's own. A call that times out refuses.
+	OracleTimeout time.Duration
+	// Audit receives one JSON line per decision; nil writes nothing.
+	Audit io.Writer
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Revert lets the CRC layer replace an over-threshold gated value by
+	// the trusted value it most resembles. Only channels that can rewrite
+	// an effect (tool-call adapters) set it; a packet cannot be rewritten.
+	Revert bool
+	// MaxTraceContent bounds the bytes of content kept per incoming event
+	// for the oracle's view and the ledger (default 64 KiB).
+	MaxTraceContent int
+}
+
+// Engine is the decision engine for one sandbox's episode. Its methods
+// are safe for concurrent use; decisions are serialised, because each
+// depends on the whole trace before it (δ(σ_{i-1}, e_i)).
+type Engine struct {
+	policy atomic.Pointer[Policy]
+	opt    Options
+
+	mu        sync.Mutex // guards everything below
+	seq       uint64
+	task      string
+	trusted   *match.ValueSet // T_i: values from trusted sources
+	untrusted *match.ValueSet // values from untrusted sources, for origin statements
+	sens      *match.Index    // S_i: tokens of sensitive content
+	sensMax   Level           // highest level in S
+	readLabel Label           // combined label of everything read so far
+	loc       map[string]Label
+	scope     *scope
+	nextScope uint64
+	stopped   *Decision // the ledger stop, once the episode is stopped
+	trace     []traceEntry
+	opCache   map[string]*OpSpec
+	stats     Stats
+	audit     *auditor
+}
+
+// traceEntry is an event as the engine remembers it.
+type traceEntry struct {
+	ev        Event // content clipped to MaxTraceContent
+	label     Label // for incoming events
+	untrusted bool
+	verdict   Verdict // for outgoing effects
+}
+
+// scope is the open speculative scope.
+type scope struct {
+	id      uint64
+	opened  time.Time
+	trigger string
+	held    []*Decision
+	tLen    int              // len(T) when the scope opened
+	loc     map[string]Label // location labels admitted within the scope
+}
+
+// Stats count the engine's decisions.
+type Stats struct {
+	Observed  uint64 `json:"observed"`
+	Proposed  uint64 `json:"proposed"`
+	Released  uint64 `json:"released"`
+	Refused   uint64 `json:"refused"`
+	Deferred  uint64 `json:"deferred"`
+	Scopes    uint64 `json:"scopes"`
+	Committed uint64 `json:"scopes_committed"`
+	Aborted   uint64 `json:"scopes_aborted"`
+	OracleErr uint64 `json:"oracle_errors"`
+}
+
+// New returns an engine for one episode under policy p.
+func New(p *Policy, opt Options) *Engine {
+	if opt.Oracle == nil {
+		opt.Oracle = Strict{}
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.MaxTraceContent <= 0 {
+		opt.MaxTraceContent = 64 << 10
+	}
+	e := &Engine{
+		opt:       opt,
+		trusted:   match.NewValueSet(),
+		untrusted: match.NewValueSet(),
+		sens:      match.NewIndex(),
+		readLabel: Label{Integrity: Trusted},
+		loc:       map[string]Label{},
+		opCache:   map[string]*OpSpec{},
+		audit:     newAuditor(opt.Audit),
+	}
+	e.policy.Store(p)
+	e.seedPolicy(p)
+	return e
+}
+
+func (e *Engine) seedPolicy(p *Policy) {
+	if len(p.TrustedValues) > 0 {
+		e.trusted.Add("the operator's policy", p.TrustedValues...)
+	}
+}
+
+// Policy returns the policy in force.
+func (e *Engine) Policy() *Policy { return e.policy.Load() }
+
+// SetPolicy swaps the policy atomically (a reload). Values the new policy
+// declares trusted are added to T.
+func (e *Engine) SetPolicy(p *Policy) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.policy.Store(p)
+	e.opCache = map[string]*OpSpec{}
+	e.seedPolicy(p)
+}
+
+// Stats returns the decision counters.
+func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stats
+}
+
+// Task records the principal's task: the trusted values T_0 when the
+// policy trusts the task. It is an incoming ctrl event.
+func (e *Engine) Task(text string) {
+	e.Observe(Event{Ch: ChanCtrl, Dir: In, Obj: "principal", Content: text, Source: "the user's message"})
+}
+
+// Observe records an incoming event: its values enter T when its source is
+// trusted, its tokens enter S when it is sensitive. Outgoing events are
+// never added to T: use Propose for them.
+func (e *Engine) Observe(ev Event) {
+	if ev.Dir != In {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.observeLocked(&ev)
+}
+
+func (e *Engine) observeLocked(ev *Event) {
+	p := e.policy.Load()
+	e.seq++
+	ev.Seq = e.seq
+	if ev.Time.IsZero() {
+		ev.Time = e.opt.Now()
+	}
+	e.stats.Observed++
+	l := p.SourceLabel(ev)
+	if ev.Ch == ChanFile {
+		// A location the agent wrote carries what it had read before the
+		// write, so state cannot launder labels (Kairos §III-C).
+		if ll, ok := e.locationLabel(ev.Obj); ok {
+			l = l.Combine(ll)
+		}
+	}
+	origin := ev.Origin()
+	if ev.Ch == ChanCtrl && ev.Source == "" {
+		origin = "the user's message"
+	}
+	values := match.Extract(ev.Content)
+	if l.Integrity == Trusted {
+		e.trusted.Add(origin, values...)
+	} else {
+		e.untrusted.Add(origin, values...)
+	}
+	if l.Level > 0 {
+		e.sens.Add(origin, uint8(l.Level), values...)
+		e.sensMax = e.sensMax.Join(l.Level)
+	}
+	if ev.Ch == ChanCtrl {
+		if e.task == "" {
+			e.task = ev.Content
+		} else {
+			e.task += "\n" + ev.Content
+		}
+	}
+	e.readLabel = e.readLabel.Combine(l)
+	kept := *ev
+	kept.Content = clip(ev.Content, e.opt.MaxTraceContent)
+	e.trace = append(e.trace, traceEntry{ev: kept, label: l, untrusted: l.Integrity == Untrusted})
+}
+
+// locationLabel returns the label of a path the agent wrote: the open
+// scope's label first, then the committed one.
+func (e *Engine) locationLabel(path string) (Label, bool) {
+	if e.scope != nil {
+		if l, ok := e.scope.loc[path]; ok {
+			return l, true
+		}
+	}
+	l, ok := e.loc[path]
+	return l, ok
+}
+
+// LocationLabels returns a copy of the committed location labels, for
+// persistence by the staging layer.
+func (e *Engine) LocationLabels() map[string]Label {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]Label, len(e.loc))
+	for k, v := range e.loc {
+		out[k] = v
+	}
+	return out
+}
+
+// SetLocationLabels seeds committed location labels (after a restart).
+func (e *Engine) SetLocationLabels(m map[string]Label) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, v := range m {
+		e.loc[k] = v
+	}
+}
+
+// ScopeOpen reports the open scope's id, or 0.
+func (e *Engine) ScopeOpen() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.scope == nil {
+		return 0
+	}
+	return e.scope.id
+}
+
+// Held returns the decisions held in the open scope.
+func (e *Engine) Held() []Decision {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.scope == nil {
+		return nil
+	}
+	out := make([]Decision, len(e.scope.held))
+	for i, d := range e.scope.held {
+		out[i] = *d
+	}
+	return out
+}
+
+// Propose decides an outgoing effect. The result's Decision is final for
+// Release and Refuse; Defer means the effect is held in the open scope
+// and its final verdict arrives in a later Resolution. Resolutions lists
+// any scope the effect forced to resolve before it was decided.
+func (e *Engine) Propose(ctx context.Context, ev Event) Result {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var res Result
+	p := e.policy.Load()
+	e.seq++
+	ev.Seq = e.seq
+	if ev.Time.IsZero() {
+		ev.Time = e.opt.Now()
+	}
+	e.stats.Proposed++
+	evp := &ev
+	d := e.evaluate(p, evp)
+	if e.stopped != nil && d.Verdict != Refuse {
+		d = Decision{Seq: ev.Seq, Verdict: Refuse, Layer: LayerLedger, Kind: d.Kind, Policy: d.Policy,
+			Reason:        Reason{Code: CodeEpisodeStopped},
+			Justification: "the episode was stopped by the ledger gate at #" + fmt.Sprint(e.stopped.Seq)}
+	}
+	d.Event = evp
+	switch d.Verdict {
+	case Refuse:
+	case Release:
+		switch {
+		case e.scope != nil && d.Kind == Stageable:
+			e.holdLocked(&d, CodeJoinsScope)
+		case e.scope != nil && d.Kind == Stallable:
+			// A state-changing request may build on speculative state:
+			// the scope resolves before it becomes irreversible.
+			res.Resolutions = append(res.Resolutions, e.resolveLocked(ctx, "state-changing request #"+fmt.Sprint(ev.Seq)))
+		}
+	case Defer:
+		switch d.Kind {
+		case Blocking:
+			if e.scope != nil {
+				res.Resolutions = append(res.Resolutions, e.resolveLocked(ctx, "deferred blocking request #"+fmt.Sprint(ev.Seq)))
+			}
+			e.decideBlockingLocked(ctx, &d)
+		case Stallable:
+			if e.scope != nil {
+				res.Resolutions = append(res.Resolutions, e.resolveLocked(ctx, "further effect needs holding #"+fmt.Sprint(ev.Seq)))
+			}
+			e.holdLocked(&d, "")
+		default: // Stageable: staged writes share the scope's upper layer
+			e.holdLocked(&d, "")
+		}
+	}
+	if d.Verdict == Release && d.Kind == Stageable {
+		e.labelWritesLocked(&d, e.loc)
+	}
+	e.count(d.Verdict)
+	e.trace = append(e.trace, traceEntry{ev: clipEvent(ev, e.opt.MaxTraceContent), verdict: d.Verdict})
+	e.audit.decision(e.opt.Now(), &d, 0)
+	res.Decision = d
+	return res
+}
+
+func clipEvent(ev Event, n int) Event {
+	ev.Content = clip(ev.Content, n)
+	return ev
+}
+
+func (e *Engine) count(v Verdict) {
+	switch v {
+	case Release:
+		e.stats.Released++
+	case Refuse:
+		e.stats.Refused++
+	case Defer:
+		e.stats.Deferred++
+	}
+}
+
+// holdLocked puts a decision into the open scope, opening one if needed.
+func (e *Engine) holdLocked(d *Decision, code string) {
+	if e.scope == nil {
+		e.nextScope++
+		e.stats.Scopes++
+		e.scope = &scope{id: e.nextScope, opened: e.opt.Now(), tLen: e.trusted.Len(), loc: map[string]Label{}}
+	}
+	if code != "" {
+		d.Reason = Reason{Code: code}
+		d.Layer = LayerScope
+		d.Justification = fmt.Sprintf("admissible by policy, held with open speculative scope %d", e.scope.id)
+	}
+	d.Verdict = Defer
+	d.Scope = e.scope.id
+	if d.Kind == Stageable {
+		e.labelWritesLocked(d, e.scope.loc)
+	}
+	cp := *d
+	e.scope.held = append(e.scope.held, &cp)
+}
+
+// labelWritesLocked records, for every path a stageable effect writes,
+// the combined label of everything read before the write.
+func (e *Engine) labelWritesLocked(d *Decision, into map[string]Label) {
+	ev := d.Event
+	if ev == nil || ev.Ch != ChanFile {
+		return
+	}
+	into[ev.Obj] = e.readLabel
+	for _, f := range ev.Fields {
+		if f.Role == RoleTarget && f.Value != "" && f.Value != ev.Obj {
+			into[f.Value] = e.readLabel
+		}
+	}
+}
+
+// decideBlockingLocked asks the oracle about one deferred blocking effect
+// before it is sent.
+func (e *Engine) decideBlockingLocked(ctx context.Context, d *Decision) {
+	answers := e.askOracleLocked(ctx, []*Decision{d})
+	a := answers[d.Seq]
+	d.Verdict, d.Layer, d.Reason.Code, d.Justification = a.Verdict, LayerOracle, a.code, a.justification
+}
+
+type finalAnswer struct {
+	Verdict       Verdict
+	code          string
+	justification string
+}
+
+// askOracleLocked consults the oracle about deferred effects, enforcing
+// its bounded authority: it can only release what it was asked about, a
+// missing or malformed answer refuses, an error refuses everything.
+func (e *Engine) askOracleLocked(ctx context.Context, ds []*Decision) map[uint64]finalAnswer {
+	out := make(map[uint64]finalAnswer, len(ds))
+	for _, d := range ds {
+		out[d.Seq] = finalAnswer{Verdict: Refuse, code: CodeOracleUnanswerd, justification: "the oracle gave no decision: refused"}
+	}
+	if len(ds) == 0 {
+		return out
+	}
+	view := e.viewLocked(ds)
+	if e.opt.OracleTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.opt.OracleTimeout)
+		defer cancel()
+	}
+	answers, err := e.opt.Oracle.Decide(ctx, view)
+	if err != nil {
+		e.stats.OracleErr++
+		for _, d := range ds {
+			out[d.Seq] = finalAnswer{Verdict: Refuse, code: CodeOracleFailed, justification: "the oracle failed (" + clip(err.Error(), 200) + "): refused"}
+		}
+		return out
+	}
+	for _, a := range answers {
+		if _, asked := out[a.Seq]; !asked {
+			continue // the oracle may decide only what it was asked about
+		}
+		switch a.Verdict {
+		case Release:
+			out[a.Seq] = finalAnswer{Verdict: Release, code: CodeOracleRelease, justification: oneLine("oracle " + e.opt.Oracle.Name() + " released: " + a.Justification)}
+		default:
+			out[a.Seq] = finalAnswer{Verdict: Refuse, code: CodeOracleRefuse, justification: oneLine("oracle " + e.opt.Oracle.Name() + " refused: " + a.Justification)}
+		}
+	}
+	return out
+}
+
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	return clip(s, 300)
+}
+
+// Resolve resolves the open speculative scope, if any, asking the oracle
+// about the effects the policy deferred. trigger says why (Kairos §III-D:
+// a further effect needing a hold, a state-changing request, stub-derived
+// content about to leave, the end of the task).
+func (e *Engine) Resolve(ctx context.Context, trigger string) *Resolution {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.scope == nil {
+		return nil
+	}
+	r := e.resolveLocked(ctx, trigger)
+	return &r
+}
+
+// Finish ends the task: the open scope resolves.
+func (e *Engine) Finish(ctx context.Context) *Resolution {
+	return e.Resolve(ctx, "end of task")
+}
+
+func (e *Engine) resolveLocked(ctx context.Context, trigger string) Resolution {
+	sc := e.scope
+	r := Resolution{Scope: sc.id, Trigger: trigger, Time: e.opt.Now()}
+	var ask []*Decision
+	for _, d := range sc.held {
+		if d.Policy == Defer {
+			ask = append(ask, d)
+		}
+	}
+	answers := e.askOracleLocked(ctx, ask)
+	committed := true
+	refusedPaths := map[string]bool{}
+	for _, d := range sc.held {
+		fd := *d
+		if d.Policy == Defer {
+			a := answers[d.Seq]
+			fd.Verdict, fd.Layer, fd.Reason.Code, fd.Justification = a.Verdict, LayerOracle, a.code, a.justification
+		} else {
+			fd.Verdict = Release
+			fd.Justification = fmt.Sprintf("released with scope %d (admissible by policy)", sc.id)
+		}
+		if fd.Verdict == Refuse {
+			committed = false
+			if fd.Event != nil && fd.Event.Ch == ChanFile {
+				refusedPaths[fd.Event.Obj] = true
+			}
+		}
+		r.Effects = append(r.Effects, fd)
+		e.count(fd.Verdict)
+		e.audit.decision(r.Time, &fd, sc.id)
+	}
+	r.Committed = committed
+	// Labels admitted within the scope become permanent for what was
+	// released and are discarded for what was refused.
+	for path, l := range sc.loc {
+		if !refusedPaths[path] {
+			e.loc[path] = l
+		}
+	}
+	if committed {
+		e.stats.Committed++
+	} else {
+		e.stats.Aborted++
+		// Trusted values admitted while the scope was open may stem from
+		// state the abort discards: roll T back (the conservative
+		// direction). S is never rolled back: the agent's context still
+		// holds what it read.
+		e.trusted.Truncate(sc.tLen)
+		r.Notice = AbortNotice(r.Refused())
+	}
+	e.audit.resolution(&r)
+	e.scope = nil
+	return r
+}

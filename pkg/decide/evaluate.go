@@ -1,0 +1,261 @@
+//go:build carbd_wip
+
+package decide
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/carbd/carbd/pkg/decide/match"
+)
+
+// opSpec returns the policy's spec for an operation, cached per policy.
+func (e *Engine) opSpec(p *Policy, op string) *OpSpec {
+	if s, ok := e.opCache[op]; ok {
+		return s
+	}
+	s := p.Operation(op)
+	if len(e.opCache) < 4096 {
+		e.opCache[op] = s
+	}
+	return s
+}
+
+// effectKind is the kind of an effect: what the hook said, else the
+// policy's operation table, else stageable for files and blocking for the
+// rest (a request is assumed to need its response).
+func effectKind(ev *Event, spec *OpSpec) Kind {
+	if ev.Kind != KindUnset {
+		return ev.Kind
+	}
+	if spec.Kind != KindUnset {
+		return spec.Kind
+	}
+	if ev.Ch == ChanFile {
+		return Stageable
+	}
+	return Blocking
+}
+
+// evaluate answers the policy's three questions for an outgoing effect
+// (Kairos §III-C): an explicit refuse rule refuses; every gated value
+// derivable from T_{i-1} and the sensitivity join of S_{i-1} tokens in the
+// effect within the destination's clearance releases; anything else
+// defers. It changes no state.
+func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
+	spec := e.opSpec(p, ev.Op)
+	d := Decision{Seq: ev.Seq, Kind: effectKind(ev, spec)}
+	if ev.Dir != Out {
+		d.Verdict, d.Layer = Refuse, LayerProvenance
+		d.Reason = Reason{Code: CodeMalformed}
+		d.Justification = "not an outgoing event"
+		return d
+	}
+	// Field roles: the operation table overrides what the hook supplied.
+	if len(spec.Roles) > 0 {
+		fs := make([]Field, len(ev.Fields))
+		copy(fs, ev.Fields)
+		for i := range fs {
+			if r, ok := spec.Roles[fs[i].Name]; ok {
+				fs[i].Role = r
+			}
+		}
+		ev.Fields = fs
+	}
+	d.Fields = ev.Fields
+
+	// 1. An explicit rule of the operator.
+	if r, ok := p.MatchRefuse(ev); ok {
+		d.Verdict, d.Layer, d.Policy = Refuse, LayerRule, Refuse
+		d.Reason = Reason{Code: CodeRefuseRule, Rule: r.Name}
+		d.Justification = fmt.Sprintf("refused by the operator's rule %q", r.Name)
+		return d
+	}
+	// Internal channels (the model provider) are released and logged.
+	if ev.Ch == ChanNet {
+		if in, ok := p.InternalChannel(ev); ok {
+			d.Verdict, d.Layer, d.Policy = Release, LayerInternal, Release
+			d.Reason = Reason{Code: CodeInternal, Rule: in.Name}
+			d.Justification = fmt.Sprintf("internal channel %q: released and logged", in.Name)
+			return d
+		}
+	}
+	// Results returned to the principal are not held: their harm lies in
+	// the response text, outside the threat model.
+	if ev.Ch == ChanCtrl {
+		d.Verdict, d.Layer, d.Policy = Release, LayerProvenance, Release
+		d.Reason = Reason{Code: CodeTrusted}
+		d.Justification = "result returned to the principal"
+		return d
+	}
+
+	// 2. Every gated value derivable from T_{i-1}.
+	gate := spec.Gate
+	for _, f := range ev.Fields {
+		if !gate.Has(f.Role) || f.Value == "" {
+			continue
+		}
+		if !e.derivable(f.Value) {
+			d.Verdict, d.Layer, d.Policy = Defer, LayerProvenance, Defer
+			d.Reason = Reason{Code: CodeUntrustedValue, Field: f.Name, Role: f.Role, Value: clip(f.Value, 200), Origin: e.originOf(f.Value)}
+			d.Justification = fmt.Sprintf("%s %q in field %s is not derivable from trusted sources: %s",
+				f.Role, clip(f.Value, 80), f.Name, e.originPhrase(f.Value))
+			return d
+		}
+	}
+
+	// 3. The data the effect carries is cleared for its destination.
+	clearance, party, known := e.clearance(p, ev, spec)
+	level, tok, tokOrigin := e.sensitivity(ev)
+	if !known && p.UnknownPartyDefer {
+		d.Verdict, d.Layer, d.Policy = Defer, LayerProvenance, Defer
+		d.Reason = Reason{Code: CodeUnknownParty, Value: clip(destName(ev, spec), 200)}
+		d.Justification = fmt.Sprintf("destination %q is not a party the policy names", clip(destName(ev, spec), 80))
+		return d
+	}
+	if level > clearance {
+		d.Verdict, d.Layer, d.Policy = Defer, LayerProvenance, Defer
+		d.Reason = Reason{Code: CodeUncleared, Level: p.LevelName(level), Clearance: p.LevelName(clearance),
+			Party: party, Token: clip(tok, 40), TokenFrom: tokOrigin}
+		what := "carries " + p.LevelName(level) + " data"
+		if tok != "" {
+			what += fmt.Sprintf(" (%q read from %s)", clip(tok, 24), tokOrigin)
+		} else if ev.Opaque {
+			what += " (opaque content may carry anything read so far)"
+		}
+		d.Justification = fmt.Sprintf("%s but %s is cleared only for %s", what, partyOr(party), p.LevelName(clearance))
+		return d
+	}
+	d.Verdict, d.Layer, d.Policy = Release, LayerProvenance, Release
+	d.Reason = Reason{Code: CodeTrusted, Level: p.LevelName(level), Clearance: p.LevelName(clearance), Party: party}
+	d.Justification = fmt.Sprintf("every gated value is derivable from trusted sources and its %s data is cleared for %s (%s)",
+		p.LevelName(level), partyOr(party), p.LevelName(clearance))
+	return d
+}
+
+func partyOr(party string) string {
+	if party == "" {
+		return "an unnamed destination"
+	}
+	return party
+}
+
+// destName is the destination of an effect in words.
+func destName(ev *Event, spec *OpSpec) string {
+	if spec.DestField != "" {
+		for _, f := range ev.Fields {
+			if f.Name == spec.DestField {
+				return f.Value
+			}
+		}
+	}
+	if ev.Dest != nil {
+		if ev.Dest.Host != "" {
+			return ev.Dest.Host
+		}
+		if ev.Dest.Addr.IsValid() {
+			return ev.Dest.Addr.String()
+		}
+	}
+	return ev.Obj
+}
+
+// derivable is D(x, T): x equals a trusted value after normalisation. A
+// list value (newline, comma or semicolon separated) is derivable when
+// each of its items is.
+func (e *Engine) derivable(x string) bool {
+	if e.trusted.Contains(x) {
+		return true
+	}
+	if !strings.ContainsAny(x, "\n,;") {
+		return false
+	}
+	n := 0
+	for _, part := range strings.FieldsFunc(x, func(r rune) bool { return r == '\n' || r == ',' || r == ';' }) {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if !e.trusted.Contains(part) {
+			return false
+		}
+		n++
+	}
+	return n > 0
+}
+
+// originOf names where an untrusted value was first seen, if anywhere.
+func (e *Engine) originOf(x string) string {
+	if o, ok := e.untrusted.Origin(x); ok {
+		return o
+	}
+	for _, v := range match.Extract(x) {
+		if o, ok := e.untrusted.Origin(v); ok {
+			return o
+		}
+	}
+	return ""
+}
+
+// originPhrase states a value's provenance as an origin, not a label: a
+// language model reads "untrusted" as a verdict (Kairos §III-D).
+func (e *Engine) originPhrase(x string) string {
+	if o := e.originOf(x); o != "" {
+		return "supplied by " + o + ", not by the user's message"
+	}
+	return "not in the user's message or any trusted source (produced by the agent)"
+}
+
+// clearance returns the clearance of an effect's destination, the party's
+// name, and whether the destination is known. Locations of the mediated
+// state carry the highest clearance: data written there keeps its label.
+func (e *Engine) clearance(p *Policy, ev *Event, spec *OpSpec) (Level, string, bool) {
+	if ev.Ch == ChanFile {
+		return p.TopLevel(), "the working directory", true
+	}
+	var dest string
+	if spec.DestField != "" {
+		for _, f := range ev.Fields {
+			if f.Name == spec.DestField {
+				dest = f.Value
+				break
+			}
+		}
+	}
+	if pt, ok := p.Party(ev, dest); ok {
+		return pt.Clearance, pt.Name, true
+	}
+	return 0, "", false
+}
+
+// sensitivity is ℓ(e): the join of the levels of S tokens occurring
+// anywhere in the effect (object, fields, content). An opaque effect may
+// carry anything read so far.
+func (e *Engine) sensitivity(ev *Event) (Level, string, string) {
+	var best Level
+	var tok, origin string
+	scan := func(s string) {
+		if s == "" {
+			return
+		}
+		lv, hits := e.sens.Scan(s)
+		if Level(lv) > best || (tok == "" && len(hits) > 0) {
+			best = best.Join(Level(lv))
+			for _, h := range hits {
+				if Level(h.Level) == best {
+					tok, origin = h.Token, h.Origin
+					break
+				}
+			}
+		}
+	}
+	scan(ev.Obj)
+	for _, f := range ev.Fields {
+		scan(f.Value)
+	}
+	scan(ev.Content)
+	if ev.Opaque && e.sensMax > best {
+		best, tok, origin = e.sensMax, "", ""
+	}
+	return best, tok, origin
+}
