@@ -35,7 +35,7 @@ test-short:
 
 ## bench: run the benchmarks and write docs/bench-report.md with ratios
 bench:
-	$(GO) test -run='^$$' -bench=. -benchmem ./... | tee docs/bench-raw.txt
+	$(GO) run ./internal/benchreport -o docs/bench-report.md
 
 ## demo: the README's first command: a scripted agent in the netns sandbox
 demo: build

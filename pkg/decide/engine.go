@@ -1,5 +1,3 @@
-//go:build carbd_wip
-
 package decide
 
 import (
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carbd/carbd/pkg/decide/match"
+	"github.com/carbd/carbd/pkg/decide/score"
 )
 
 // Options configure an Engine.
@@ -29,6 +28,9 @@ type Options struct {
 	// the trusted value it most resembles. Only channels that can rewrite
 	// an effect (tool-call adapters) set it; a packet cannot be rewritten.
 	Revert bool
+	// Calibration holds the per-role CRC thresholds (step 4) and the
+	// ledger stop threshold (step 6); nil disables both layers.
+	Calibration *Calibration
 	// MaxTraceContent bounds the bytes of content kept per incoming event
 	// for the oracle's view and the ledger (default 64 KiB).
 	MaxTraceContent int
@@ -48,6 +50,8 @@ type Engine struct {
 	untrusted *match.ValueSet // values from untrusted sources, for origin statements
 	sens      *match.Index    // S_i: tokens of sensitive content
 	sensMax   Level           // highest level in S
+	uctx      score.Context   // untrusted context u of the CRC score
+	tctx      score.Context   // trusted prompt t of the CRC score
 	readLabel Label           // combined label of everything read so far
 	loc       map[string]Label
 	scope     *scope
@@ -103,9 +107,9 @@ func New(p *Policy, opt Options) *Engine {
 	}
 	e := &Engine{
 		opt:       opt,
-		trusted:   match.NewValueSet(),
-		untrusted: match.NewValueSet(),
-		sens:      match.NewIndex(),
+		trusted:   &match.ValueSet{},
+		untrusted: &match.ValueSet{},
+		sens:      &match.Index{},
 		readLabel: Label{Integrity: Trusted},
 		loc:       map[string]Label{},
 		opCache:   map[string]*OpSpec{},
@@ -183,8 +187,10 @@ func (e *Engine) observeLocked(ev *Event) {
 	values := match.Extract(ev.Content)
 	if l.Integrity == Trusted {
 		e.trusted.Add(origin, values...)
+		e.tctx.Add(ev.Content)
 	} else {
 		e.untrusted.Add(origin, values...)
+		e.uctx.Add(ev.Content)
 	}
 	if l.Level > 0 {
 		e.sens.Add(origin, uint8(l.Level), values...)
@@ -277,6 +283,9 @@ func (e *Engine) Propose(ctx context.Context, ev Event) Result {
 	e.stats.Proposed++
 	evp := &ev
 	d := e.evaluate(p, evp)
+	if e.opt.Calibration != nil {
+		d = e.applyCRC(p, evp, e.opSpec(p, evp.Op), d)
+	}
 	if e.stopped != nil && d.Verdict != Refuse {
 		d = Decision{Seq: ev.Seq, Verdict: Refuse, Layer: LayerLedger, Kind: d.Kind, Policy: d.Policy,
 			Reason:        Reason{Code: CodeEpisodeStopped},

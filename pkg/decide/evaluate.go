@@ -1,5 +1,3 @@
-//go:build carbd_wip
-
 package decide
 
 import (
@@ -104,7 +102,12 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 		}
 	}
 
-	// 3. The data the effect carries is cleared for its destination.
+	return e.clearanceCheck(p, ev, spec, d)
+}
+
+// clearanceCheck is the third question: the data the effect carries is
+// cleared for its destination.
+func (e *Engine) clearanceCheck(p *Policy, ev *Event, spec *OpSpec, d Decision) Decision {
 	clearance, party, known := e.clearance(p, ev, spec)
 	level, tok, tokOrigin := e.sensitivity(ev)
 	if !known && p.UnknownPartyDefer {

@@ -1,5 +1,3 @@
-//go:build carbd_wip
-
 package decide
 
 import (
