@@ -1,5 +1,3 @@
-//go:build carbd_wip
-
 package main
 
 import (
@@ -11,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/decide"
 )
 
@@ -122,4 +121,14 @@ func writeReplayJSON(w io.Writer, r *decide.Replay) error {
 	}
 	s.Released, s.Refused, _, _ = r.Counts()
 	return enc.Encode(s)
+}
+
+// loadCalibration reads a calibration artifact (carbd calib) for the engine.
+func loadCalibration(path string) (*decide.Calibration, error) {
+	a, err := calib.ReadArtifact(path)
+	if err != nil {
+		return nil, err
+	}
+	c := a.Engine()
+	return &c, nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/carbd/carbd/pkg/decide/ledger"
 	"github.com/carbd/carbd/pkg/decide/match"
 	"github.com/carbd/carbd/pkg/decide/score"
 )
@@ -50,6 +51,8 @@ type Engine struct {
 	untrusted *match.ValueSet // values from untrusted sources, for origin statements
 	sens      *match.Index    // S_i: tokens of sensitive content
 	sensMax   Level           // highest level in S
+	graph     ledger.Graph    // G-CARB dependency graph (kept when a ledger is calibrated)
+	lastGate  float64         // the ledger score of the latest proposal
 	uctx      score.Context   // untrusted context u of the CRC score
 	tctx      score.Context   // trusted prompt t of the CRC score
 	readLabel Label           // combined label of everything read so far
@@ -204,6 +207,9 @@ func (e *Engine) observeLocked(ev *Event) {
 		}
 	}
 	e.readLabel = e.readLabel.Combine(l)
+	if e.ledgerOn() {
+		e.graph.Add(ledger.Node{Private: l.Level > 0}, ev.Content)
+	}
 	kept := *ev
 	kept.Content = clip(ev.Content, e.opt.MaxTraceContent)
 	e.trace = append(e.trace, traceEntry{ev: kept, label: l, untrusted: l.Integrity == Untrusted})
@@ -292,6 +298,11 @@ func (e *Engine) Propose(ctx context.Context, ev Event) Result {
 			Justification: "the episode was stopped by the ledger gate at #" + fmt.Sprint(e.stopped.Seq)}
 	}
 	d.Event = evp
+	if e.ledgerOn() && e.stopped == nil {
+		if stop, ok := e.ledgerGateLocked(ctx, p, evp, &d); ok {
+			res.Resolutions = append(res.Resolutions, stop...)
+		}
+	}
 	switch d.Verdict {
 	case Refuse:
 	case Release:
@@ -386,7 +397,8 @@ func (e *Engine) labelWritesLocked(d *Decision, into map[string]Label) {
 func (e *Engine) decideBlockingLocked(ctx context.Context, d *Decision) {
 	answers := e.askOracleLocked(ctx, []*Decision{d})
 	a := answers[d.Seq]
-	d.Verdict, d.Layer, d.Reason.Code, d.Justification = a.Verdict, LayerOracle, a.code, a.justification
+	d.Verdict, d.Layer, d.Reason.Code = a.Verdict, LayerOracle, a.code
+	d.Justification = a.justification + "; deferred because " + d.Justification
 }
 
 type finalAnswer struct {
@@ -474,7 +486,8 @@ func (e *Engine) resolveLocked(ctx context.Context, trigger string) Resolution {
 		fd := *d
 		if d.Policy == Defer {
 			a := answers[d.Seq]
-			fd.Verdict, fd.Layer, fd.Reason.Code, fd.Justification = a.Verdict, LayerOracle, a.code, a.justification
+			fd.Verdict, fd.Layer, fd.Reason.Code = a.Verdict, LayerOracle, a.code
+			fd.Justification = a.justification + "; deferred because " + d.Justification
 		} else {
 			fd.Verdict = Release
 			fd.Justification = fmt.Sprintf("released with scope %d (admissible by policy)", sc.id)

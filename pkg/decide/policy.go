@@ -141,6 +141,7 @@ func (s *Source) Match(ev *Event) bool {
 
 // SensitiveSource is a source whose content is sensitive at Level.
 type SensitiveSource struct {
+	Name string // as the policy names it (for audit records)
 	Source
 	Level Level
 }
