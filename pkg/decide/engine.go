@@ -35,6 +35,10 @@ type Options struct {
 	// MaxTraceContent bounds the bytes of content kept per incoming event
 	// for the oracle's view and the ledger (default 64 KiB).
 	MaxTraceContent int
+	// MaxTraceEvents bounds how many recent events the engine keeps for
+	// the oracle's view (default 4096). Provenance (T, S, labels) is never
+	// trimmed.
+	MaxTraceEvents int
 }
 
 // Engine is the decision engine for one sandbox's episode. Its methods
@@ -107,6 +111,9 @@ func New(p *Policy, opt Options) *Engine {
 	}
 	if opt.MaxTraceContent <= 0 {
 		opt.MaxTraceContent = 64 << 10
+	}
+	if opt.MaxTraceEvents <= 0 {
+		opt.MaxTraceEvents = 4096
 	}
 	e := &Engine{
 		opt:       opt,
@@ -212,7 +219,16 @@ func (e *Engine) observeLocked(ev *Event) {
 	}
 	kept := *ev
 	kept.Content = clip(ev.Content, e.opt.MaxTraceContent)
-	e.trace = append(e.trace, traceEntry{ev: kept, label: l, untrusted: l.Integrity == Untrusted})
+	e.remember(traceEntry{ev: kept, label: l, untrusted: l.Integrity == Untrusted})
+}
+
+// remember appends to the bounded trace, dropping the oldest half when
+// it reaches twice its bound.
+func (e *Engine) remember(t traceEntry) {
+	if len(e.trace) >= 2*e.opt.MaxTraceEvents {
+		e.trace = append([]traceEntry(nil), e.trace[len(e.trace)-e.opt.MaxTraceEvents:]...)
+	}
+	e.trace = append(e.trace, t)
 }
 
 // locationLabel returns the label of a path the agent wrote: the open
@@ -334,8 +350,8 @@ func (e *Engine) Propose(ctx context.Context, ev Event) Result {
 		e.labelWritesLocked(&d, e.loc)
 	}
 	e.count(d.Verdict)
-	e.trace = append(e.trace, traceEntry{ev: clipEvent(ev, e.opt.MaxTraceContent), verdict: d.Verdict})
-	e.audit.decision(e.opt.Now(), &d, 0)
+	e.remember(traceEntry{ev: clipEvent(ev, e.opt.MaxTraceContent), verdict: d.Verdict})
+	e.audit.decision(ev.Time, &d, 0)
 	res.Decision = d
 	return res
 }

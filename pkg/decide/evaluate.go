@@ -131,8 +131,8 @@ func (e *Engine) clearanceCheck(p *Policy, ev *Event, spec *OpSpec, d Decision) 
 	}
 	d.Verdict, d.Layer, d.Policy = Release, LayerProvenance, Release
 	d.Reason = Reason{Code: CodeTrusted, Level: p.LevelName(level), Clearance: p.LevelName(clearance), Party: party}
-	d.Justification = fmt.Sprintf("every gated value is derivable from trusted sources and its %s data is cleared for %s (%s)",
-		p.LevelName(level), partyOr(party), p.LevelName(clearance))
+	d.Justification = "every gated value is derivable from trusted sources and its " + p.LevelName(level) +
+		" data is cleared for " + partyOr(party) + " (" + p.LevelName(clearance) + ")"
 	return d
 }
 

@@ -60,9 +60,19 @@ type Glob struct {
 	Pattern string
 }
 
-// Match reports whether s matches the glob.
+// Match reports whether s matches the glob. The common shapes (a literal,
+// "prefix*", "*suffix") are matched directly; the rest by doublestar.
 func (g Glob) Match(s string) bool {
-	ok, _ := doublestar.Match(g.Pattern, s)
+	p := g.Pattern
+	switch i := strings.IndexAny(p, "*?[{\\"); {
+	case i < 0:
+		return s == p
+	case i == len(p)-1 && p[i] == '*' && !strings.ContainsAny(p, "]}"): // "prefix*": '*' does not cross '/'
+		return strings.HasPrefix(s, p[:i]) && strings.IndexByte(s[i:], '/') < 0
+	case i == 0 && p[0] == '*' && len(p) > 1 && !strings.ContainsAny(p[1:], "*?[]{}\\"): // "*suffix"
+		return strings.HasSuffix(s, p[1:]) && strings.IndexByte(s[:len(s)-len(p)+1], '/') < 0
+	}
+	ok, _ := doublestar.Match(p, s)
 	return ok
 }
 

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/carbd/carbd/pkg/calib"
+	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/decide/score"
+)
+
+// calibForm is one form of `carbd calib`. The flag-only form
+// (`carbd calib --fields FILE ...`) lives here; other forms
+// (`carbd calib agentdojo ...`) register themselves from their own files:
+//
+//	func init() {
+//		registerCalibForm(&calibForm{name: "agentdojo", synopsis: "...", summary: "...", run: runCalibAgentDojo})
+//	}
+//
+// `carbd calib NAME ARGS...` runs the form NAME with ARGS.
+type calibForm struct {
+	name     string
+	synopsis string
+	summary  string
+	run      func(ctx context.Context, e *env, args []string) error
+}
+
+var calibForms = map[string]*calibForm{}
+
+func registerCalibForm(f *calibForm) {
+	if _, dup := calibForms[f.name]; dup || f.name == "" || strings.HasPrefix(f.name, "-") {
+		panic("carbd: calib form registered twice or badly named: " + f.name)
+	}
+	calibForms[f.name] = f
+}
+
+const calibFieldsSynopsis = "--fields FILE.jsonl --alpha target=0.01,credential=0.01,command=0.01 [--delta 0.05] [--episode] [--attacked-only] [--rule crc|cp] [--score ngram] -o calib.json"
+
+func init() {
+	register(&command{name: "calib", summary: "calibrate per-role CRC thresholds into an artifact", run: runCalib})
+}
+
+func runCalib(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		if f, ok := calibForms[args[0]]; ok {
+			return f.run(ctx, e, args[1:])
+		}
+		calibUsage(e)
+		return fmt.Errorf("%w: unknown form %q", errUsage, args[0])
+	}
+	return runCalibFields(ctx, e, args)
+}
+
+func calibUsage(e *env) {
+	fmt.Fprintf(e.stderr, "usage: carbd calib %s\n", calibFieldsSynopsis)
+	names := make([]string, 0, len(calibForms))
+	for n := range calibForms {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(e.stderr, "       carbd calib %s %s\n           %s\n", n, calibForms[n].synopsis, calibForms[n].summary)
+	}
+}
+
+// calibFilesFlag is a repeatable string flag.
+type calibFilesFlag []string
+
+func (m *calibFilesFlag) String() string     { return strings.Join(*m, ",") }
+func (m *calibFilesFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// runCalibFields calibrates from field files: it reads them, runs
+// role-stratified CRC, prints the per-stratum report and writes the
+// artifact (see docs/calibration.md).
+func runCalibFields(_ context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "calib", calibFieldsSynopsis)
+	fs.Usage = func() {
+		calibUsage(e)
+		fmt.Fprintln(e.stderr, "\nflags of the --fields form:")
+		fs.PrintDefaults()
+	}
+	var files calibFilesFlag
+	fs.Var(&files, "fields", "calibration field `file` (JSON lines: role, score, violated, attacked, episode); repeatable")
+	alpha := fs.String("alpha", "", "per-role risk `budgets`, e.g. target=0.01,credential=0.01,command=0.01 (required)")
+	delta := fs.Float64("delta", 0.05, "total failure probability of the simultaneous certificate, split evenly over the strata")
+	episode := fs.Bool("episode", false, "one loss per episode and stratum (the max over its fields): certifies per-episode rates")
+	attacked := fs.Bool("attacked-only", false, "calibrate on attacked fields only: certifies the attack-conditional rate V_att")
+	rule := fs.String("rule", string(calib.RuleCRC), "threshold rule: crc (Eq. 5, expectation) or cp (Eq. 6, Clopper-Pearson high probability)")
+	kind := fs.String("score", string(score.KindNgram), "similarity `kind` the scores were computed with: token, ngram or max")
+	poolWith := fs.String("pool-with", "target,credential,command", "`roles` whose fields join the pooled stratum of rare roles (empty: none)")
+	allowMissing := fs.Bool("allow-missing", false, "pool a budgeted role that has no calibration fields instead of failing")
+	requireCert := fs.Bool("require-certified", false, "fail, writing nothing, unless every stratum is certifiable")
+	out := fs.String("o", "", "artifact `file` to write (required)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if len(files) == 0 || *alpha == "" || *out == "" || fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("%w: --fields, --alpha and -o are required, and no arguments are taken", errUsage)
+	}
+	budgets, err := calib.ParseBudgets(*alpha)
+	if err != nil {
+		return fmt.Errorf("%w: --alpha: %v", errUsage, err)
+	}
+	r, err := calib.ParseRule(*rule)
+	if err != nil {
+		return fmt.Errorf("%w: --rule: %v", errUsage, err)
+	}
+	k, err := score.ParseKind(*kind)
+	if err != nil {
+		return fmt.Errorf("%w: --score: %v", errUsage, err)
+	}
+	var pool []decide.Role
+	for _, s := range strings.Split(*poolWith, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		role, err := decide.ParseRole(s)
+		if err != nil {
+			return fmt.Errorf("%w: --pool-with: %v", errUsage, err)
+		}
+		pool = append(pool, role)
+	}
+
+	var fields []calib.FieldRecord
+	var sources []calib.SourceFile
+	for _, path := range files {
+		recs, src, err := calib.ReadFieldsFile(path)
+		if err != nil {
+			return err
+		}
+		fields = append(fields, recs...)
+		sources = append(sources, src)
+	}
+	a, err := calib.Calibrate(fields, calib.Config{
+		Budgets: budgets,
+		Delta:   *delta,
+		Score:   k,
+		Options: calib.Options{Episode: *episode, AttackedOnly: *attacked, Rule: r, PoolWith: pool, AllowMissing: *allowMissing},
+	})
+	if err != nil {
+		return err
+	}
+	a.Source.Files = sources
+	if err := a.WriteReport(e.stdout); err != nil {
+		return err
+	}
+	if *requireCert {
+		var not []string
+		for _, st := range a.Strata {
+			if !st.Certifiable {
+				not = append(not, st.Name)
+			}
+		}
+		if len(not) > 0 {
+			return fmt.Errorf("not certifiable: %s (nothing written)", strings.Join(not, ", "))
+		}
+	}
+	if err := writeCalibAtomic(*out, a.WriteArtifact); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "wrote %s\n", *out)
+	return nil
+}
+
+// writeCalibAtomic writes through a temporary file in the same directory
+// and renames it over path, so a reader never sees half an artifact.
+func writeCalibAtomic(path string, write func(io.Writer) error) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if err = write(tmp); err != nil {
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		return err
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	if err = os.Chmod(tmp.Name(), 0o644); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp.Name(), path); err != nil {
+		return errors.Join(err, os.Remove(tmp.Name()))
+	}
+	return nil
+}
