@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/carbd/carbd/pkg/calib/agentdojo"
+)
+
+func init() {
+	register(&command{name: "agentdojo", summary: "read AgentDojo run logs (stats: per pipeline and suite counts)", run: runAgentDojo})
+}
+
+func runAgentDojo(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintln(e.stderr, "usage: carbd agentdojo stats --runs PATH [--policies DIR]")
+		if len(args) == 0 {
+			return fmt.Errorf("%w: want a subcommand (stats)", errUsage)
+		}
+		return nil
+	}
+	switch args[0] {
+	case "stats":
+		return runAgentDojoStats(ctx, e, args[1:])
+	}
+	return fmt.Errorf("%w: unknown subcommand %q (want stats)", errUsage, args[0])
+}
+
+// runAgentDojoStats reads every run and prints the per pipeline and suite
+// counts (runs, benign, attacked, injection-as-prompt, attack succeeded,
+// errors), the per attack counts with the label columns, and every member
+// that was skipped, with the reason. It is the adapter's sanity check: the
+// counts must match the data's README.
+func runAgentDojoStats(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "agentdojo stats", "--runs PATH [--policies DIR]")
+	runs := fs.String("runs", "", "a runs-*.tar.gz archive, a directory of them, or an unpacked folder (required)")
+	policies := fs.String("policies", "", "directory of the suite policies (<suite>.yaml), for the roles; optional")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *runs == "" || fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("%w: --runs PATH is required and no arguments are taken", errUsage)
+	}
+	d, err := agentdojo.Open(*runs)
+	if err != nil {
+		return err
+	}
+	var specs map[string]*agentdojo.SuiteSpec
+	if *policies != "" {
+		if specs, err = agentdojo.LoadSuiteSpecs(*policies); err != nil {
+			return err
+		}
+	}
+	if d.Goals == nil {
+		e.log.Warn("no prompts-and-goals.json beside the runs: labels use the injected texts only")
+	}
+	if d.Envs == nil {
+		e.log.Warn("no environments/ beside the runs: labels exclude only values of the user's task")
+	}
+	st := agentdojo.NewStats()
+	for r, err := range d.Runs() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err != nil {
+			st.AddError(err)
+			continue
+		}
+		st.Add(r, specs[r.Suite])
+	}
+	return st.Write(e.stdout)
+}
