@@ -1,0 +1,177 @@
+package capture
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Record is one captured frame.
+type Record struct {
+	Time    time.Time
+	Data    []byte
+	OrigLen int
+	Dir     Direction
+}
+
+// Capture records the frames of one interface into a bounded buffer: when
+// it holds more than MaxBytes, the oldest frames are dropped (and
+// counted).
+type Capture struct {
+	fd      int
+	ifname  string
+	snaplen int
+
+	mu       sync.Mutex // guards everything below
+	recs     []Record
+	bytes    int
+	maxBytes int
+	dropped  uint64
+	closing  bool
+	done     chan struct{}
+}
+
+// Start opens an AF_PACKET socket on ifname, inside the network
+// namespace at nsPath when it is not empty, and records every frame in
+// both directions.
+func Start(ifname, nsPath string, snaplen, maxBytes int) (*Capture, error) {
+	if snaplen <= 0 {
+		snaplen = 65535
+	}
+	var fd int
+	open := func() error {
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return fmt.Errorf("capture: packet socket: %w", err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("capture: bind to %s: %w", ifname, err)
+		}
+		// Wake the reader periodically so Close never hangs.
+		tv := unix.Timeval{Usec: 200000}
+		return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	}
+	if nsPath != "" {
+		if err := inNS(nsPath, open); err != nil {
+			return nil, err
+		}
+	} else if err := open(); err != nil {
+		return nil, err
+	}
+	c := &Capture{fd: fd, ifname: ifname, snaplen: snaplen, maxBytes: maxBytes, done: make(chan struct{})}
+	go c.loop()
+	return c, nil
+}
+
+func inNS(path string, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := vnetns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	ns, err := vnetns.GetFromPath(path)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	if err := vnetns.Set(ns); err != nil {
+		return err
+	}
+	defer vnetns.Set(orig)
+	return fn()
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+func (c *Capture) loop() {
+	defer close(c.done)
+	buf := make([]byte, c.snaplen)
+	for {
+		c.mu.Lock()
+		closing := c.closing
+		c.mu.Unlock()
+		if closing {
+			return
+		}
+		n, from, err := unix.Recvfrom(c.fd, buf, unix.MSG_TRUNC)
+		if err != nil {
+			if err == unix.EAGAIN || err == unix.EINTR {
+				continue
+			}
+			return
+		}
+		orig := n
+		if n > len(buf) {
+			n = len(buf)
+		}
+		dir := Egress // frames the guest sent arrive on the host side
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+			dir = Ingress
+		}
+		rec := Record{Time: time.Now(), Data: append([]byte(nil), buf[:n]...), OrigLen: orig, Dir: dir}
+		c.mu.Lock()
+		c.recs = append(c.recs, rec)
+		c.bytes += n
+		for c.maxBytes > 0 && c.bytes > c.maxBytes && len(c.recs) > 1 {
+			c.bytes -= len(c.recs[0].Data)
+			c.recs[0] = Record{}
+			c.recs = c.recs[1:]
+			c.dropped++
+		}
+		c.mu.Unlock()
+	}
+}
+
+// Records returns a copy of the captured frames, oldest first, and how
+// many older frames were dropped to stay within the bound.
+func (c *Capture) Records() ([]Record, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Record(nil), c.recs...), c.dropped
+}
+
+// WritePcapng exports the capture, annotating each frame.
+func (c *Capture) WritePcapng(w io.Writer, annotate func(Record) Annotation) error {
+	recs, _ := c.Records()
+	pw, err := NewWriter(w, c.ifname, LinkTypeEthernet, uint32(c.snaplen))
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		var a Annotation
+		if annotate != nil {
+			a = annotate(r)
+		}
+		if err := pw.WritePacket(r.Time, r.Data, r.OrigLen, r.Dir, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close stops the capture: the reader notices within its 200 ms receive
+// timeout, then the socket is closed.
+func (c *Capture) Close() error {
+	c.mu.Lock()
+	already := c.closing
+	c.closing = true
+	c.mu.Unlock()
+	if already {
+		return nil
+	}
+	<-c.done
+	return unix.Close(c.fd)
+}
