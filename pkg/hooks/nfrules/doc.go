@@ -1,0 +1,50 @@
+// Package nfrules installs carbd's netfilter rules for one sandbox
+// interface: the half of the network data path that acts on the marks
+// carbd's TC program (pkg/hooks/tcx) puts on the guest's packets.
+//
+// In FORWARD and INPUT (traffic to the host's own addresses is egress
+// too), for IPv4 and IPv6, every packet arriving on the interface meets,
+// in order:
+//
+//	pass mark        -> on to the host's own rules (carbd never widens them)
+//	link-local mark  -> on to the host's rules, INPUT only (ARP, ND, MLD)
+//	queue mark       -> NFQUEUE --queue-num N, never --queue-bypass
+//	anything else    -> DROP
+//
+// So with no TC program attached nothing from the interface gets through,
+// and with no queue listener undecided traffic is dropped: carbd fails
+// closed. The queue rule also matches every conntrack state, which makes
+// netfilter track, and so defragment, the namespace's traffic: the queue
+// sees whole datagrams.
+//
+// Build makes the rules as data (a Plan; pure, golden-tested); Apply
+// installs them in one transaction per family; Remove deletes exactly
+// carbd's chains and jumps (a clean stop; a crash leaves them, and egress
+// stays dropped).
+//
+// # Backends
+//
+// The native nftables queue statement (table inet carbd-<id>, base chains
+// at priority -10) where the kernel has it (CONFIG_NFT_QUEUE), else the
+// xtables NFQUEUE target through iptables-nft/ip6tables-nft in chains
+// CARBD-<id>-F and CARBD-<id>-I, jumped to from position 1 of FORWARD and
+// INPUT. Detect probes which (the kernels of our CI lack nft_queue).
+//
+// # Requirements
+//
+// Linux, root (CAP_NET_ADMIN); for the xtables backend the iptables
+// package (iptables-nft-save/-restore, ip6tables-nft-save/-restore).
+//
+// # Tests
+//
+// Plan rendering is compared with golden files (go test -update rewrites
+// them) and runs anywhere; FuzzXtablesRemoval checks that the
+// iptables-save parsing behind Apply and Remove only ever touches carbd's
+// chains. The privileged tests install the rules in throwaway network
+// namespaces (guest, router, world) and send real traffic through them:
+// queued traffic with no listener, unmarked traffic, a host rule after
+// carbd's, a misplaced jump, removal. Detect is checked against the nft
+// tool; the native backend's table, built through netlink, is compared
+// with its nft script as the kernel lists it (on kernels without
+// nft_queue, with the queue rules as drops).
+package nfrules

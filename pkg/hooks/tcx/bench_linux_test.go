@@ -1,0 +1,198 @@
+package tcx
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"sort"
+	"testing"
+	"time"
+
+	nfqueue "github.com/florianl/go-nfqueue/v2"
+
+	"github.com/carbd/carbd/internal/testutil"
+	"github.com/carbd/carbd/pkg/hooks/nfrules"
+	"github.com/carbd/carbd/pkg/hooks/tcx/tcxtest"
+)
+
+// BenchmarkProgram measures the program's cost per packet with
+// BPF_PROG_TEST_RUN (the kernel runs it b.N times in a loop and times it).
+func BenchmarkProgram(b *testing.B) {
+	h := newHarness(b)
+	tcp4 := key(ProtoTCP, g4, w4, 40000, 80)
+	tcp6 := key(ProtoTCP, g6, w6, 40000, 443)
+	if err := h.d.Release(tcp4, 1<<30); err != nil {
+		b.Fatal(err)
+	}
+	if err := h.d.Release(tcp6, 1<<30); err != nil {
+		b.Fatal(err)
+	}
+	if err := h.d.Refuse(key(ProtoUDP, g4, w4, 5000, 9999)); err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name  string
+		frame []byte
+		want  Reason
+	}{
+		{"tcp4-released-1400B", ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, 1000, tcpACK, bytesN(1400)))), PassFast},
+		{"tcp6-released-ext-hdrs", ether(ethIPv6, ipv6(0, g6, w6, 64, ext6(60, 0, ext6(6, 0, tcp(40000, 443, 1000, tcpACK, bytesN(1400)))))), PassFast},
+		{"tcp4-undecided-syn", ether(ethIPv4, ipv4(6, g4, w4, tcp(40001, 80, 1, tcpSYN, nil))), QueueUndecided},
+		{"udp4-refused", ether(ethIPv4, ipv4(17, g4, w4, udp(5000, 9999, bytesN(100)))), DropRefused},
+		{"arp", ether(ethARP, arp()), PassLinkLocal},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			_, _, reason := h.run(b, bc.frame, skbCtx{})
+			if reason != bc.want {
+				b.Fatalf("counted as %s, want %s", reason, bc.want)
+			}
+			b.ResetTimer()
+			_, per, err := h.d.prog.Benchmark(bc.frame, b.N, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(per.Nanoseconds()), "kernel-ns/pkt")
+		})
+	}
+}
+
+// BenchmarkReleasedTCPThroughput measures iperf3 from the guest to the
+// world through the router namespace: without carbd (baseline), with the
+// TC program only, and with the program, carbd's netfilter rules and a
+// queue listener (which releases iperf3's control connection; the data
+// stream's flow is released up front). Runs rotate their order between
+// rounds; it reports the median rates and their ratios to the baseline
+// (goal: at least 0.95).
+func BenchmarkReleasedTCPThroughput(b *testing.B) {
+	testutil.RequireRoot(b)
+	testutil.RequireTool(b, "iperf3")
+	topo := tcxtest.New(b)
+	const port = 5299
+	srv := exec.Command("ip", "netns", "exec", topo.World, "iperf3", "-s", "-p", fmt.Sprint(port))
+	if err := srv.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	time.Sleep(300 * time.Millisecond) // let it listen
+
+	const seconds = 3
+	const cport = 5298 // the data stream's client port: its flow is known in advance
+	dataFlow := FlowKey{Src: topo.Guest4, Dst: topo.World4, SrcPort: cport, DstPort: port, Proto: ProtoTCP}
+	measure := func() float64 {
+		var out []byte
+		var err error
+		for try := 0; try < 3; try++ { // the server refuses a test while finishing the last one
+			out, err = exec.Command("ip", "netns", "exec", topo.Guest, "iperf3", "-c", topo.World4.String(),
+				"-p", fmt.Sprint(port), "--cport", fmt.Sprint(cport), "-t", fmt.Sprint(seconds), "-J").Output()
+			if err == nil {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		if err != nil {
+			b.Fatalf("iperf3: %v\n%s", err, out)
+		}
+		var r struct {
+			End struct {
+				SumReceived struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+		}
+		if err := json.Unmarshal(out, &r); err != nil {
+			b.Fatal(err)
+		}
+		return r.End.SumReceived.BitsPerSecond / 1e9
+	}
+
+	programOnly := func() float64 {
+		cfg := Config{SandboxID: testutil.UniqueName("bn"), Ifname: topo.RouterIf, NetNS: tcxtest.Path(topo.Router), PinDir: testPinDir}
+		d, err := Attach(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer d.Close()
+		if err := d.RenewLease(time.Hour); err != nil {
+			b.Fatal(err)
+		}
+		// No rules here: the control connection passes marked for the
+		// queue; the data stream is released.
+		if err := d.ReleaseFlow(dataFlow); err != nil {
+			b.Fatal(err)
+		}
+		gbps := measure()
+		c, _ := d.Counters()
+		b.Logf("program only: %.2f Gbit/s, %d queue-marked, %d passed fast", gbps, c.Total(Queued).Packets, c[PassFast].Packets)
+		return gbps
+	}
+
+	withCarbd := func() float64 {
+		cfg := Config{SandboxID: testutil.UniqueName("bn"), Ifname: topo.RouterIf, NetNS: tcxtest.Path(topo.Router), PinDir: testPinDir}
+		d, err := Attach(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer d.Close()
+		if err := d.RenewLease(time.Hour); err != nil {
+			b.Fatal(err)
+		}
+		rc := nfrules.Config{SandboxID: cfg.SandboxID, Iface: topo.RouterIf, QueueNum: tcxtest.QueueNum(), NetNS: cfg.NetNS}
+		if _, err := nfrules.Apply(rc); err != nil {
+			b.Fatal(err)
+		}
+		defer nfrules.Remove(rc)
+		if err := d.ReleaseFlow(dataFlow); err != nil {
+			b.Fatal(err)
+		}
+		// The queue listener releases the control connection as a whole.
+		tcxtest.StartQueue(b, topo.Router, rc.QueueNum, func(p tcxtest.QueuedPacket) (int, uint32) {
+			ip, ok := parseIP(p.Payload)
+			if !ok || ip.proto != ProtoTCP || len(ip.l4) < 4 {
+				return nfqueue.NfDrop, 0
+			}
+			k := FlowKey{Src: ip.src, Dst: ip.dst, SrcPort: binary.BigEndian.Uint16(ip.l4), DstPort: binary.BigEndian.Uint16(ip.l4[2:]), Proto: ProtoTCP}
+			if err := d.ReleaseFlow(k); err != nil {
+				return nfqueue.NfDrop, 0
+			}
+			return nfqueue.NfRepeat, p.Mark&^MarkMask | MarkPass
+		})
+		gbps := measure()
+		c, err := d.Counters()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if c[PassFast].Packets == 0 {
+			b.Fatalf("nothing took the fast path: %+v", c)
+		}
+		b.Logf("with carbd: %.2f Gbit/s, %d packets queued, %d passed fast", gbps, c.Total(Queued).Packets, c[PassFast].Packets)
+		return gbps
+	}
+
+	measure() // warm up: the first run after setting up is slow
+	var base, prog, carbd []float64
+	runs := []func(){
+		func() { base = append(base, measure()) },
+		func() { prog = append(prog, programOnly()) },
+		func() { carbd = append(carbd, withCarbd()) },
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range runs { // rotate the order between rounds
+			runs[(i+j)%len(runs)]()
+		}
+	}
+	b.StopTimer()
+	mb, mp, mc := median(base), median(prog), median(carbd)
+	b.ReportMetric(mb, "baseline-Gbit/s")
+	b.ReportMetric(mp, "program-Gbit/s")
+	b.ReportMetric(mc, "carbd-Gbit/s")
+	b.ReportMetric(mp/mb, "program-ratio")
+	b.ReportMetric(mc/mb, "carbd-ratio")
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
