@@ -6,4 +6,4 @@
 package carbd
 
 //go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror" -go-package bpf -output-dir bpf -tags linux tc bpf/tc.c -- -I bpf/include
-//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror" -go-package bpf -output-dir bpf -tags linux ftrace bpf/ftrace.c -- -I bpf/include
+//go:generate go tool bpf2go -cc clang-14 -cflags "-O2 -g -Wall -Werror" -go-package bpf -output-dir bpf -tags linux -target amd64 ftrace bpf/ftrace.c -- -I bpf/include

@@ -1,0 +1,725 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+/*
+ * ftrace.c: file events from the syscalls of traced processes (the file
+ * daemon virtiofsd, or a namespace sandbox's processes).
+ *
+ * sys_enter remembers the arguments of an interesting syscall of a traced
+ * process in ft_inflight (keyed by thread id); sys_exit pairs them with the
+ * return value, describes the file descriptors involved from the task's
+ * file table, copies path arguments from user memory, and submits one
+ * record to the ft_events ring buffer. A record that cannot be reserved, an
+ * entry that cannot be remembered and a child that cannot be traced each
+ * count in ft_counters: userspace treats any count as "events were lost,
+ * re-scan before committing".
+ *
+ * Processes are traced by thread group id (ft_pids; children follow when
+ * FT_T_FOLLOW is set) or by cgroup v2 id (ft_cgroups: the cgroup and its
+ * descendants; ft_cgroup_levels says at which levels to look).
+ *
+ * Every program exists twice: as tp_btf (preferred) and as raw_tracepoint
+ * (for kernels that refuse BTF-typed tracing). Userspace loads one set.
+ * Syscall numbers and pt_regs are x86-64.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "ftrace_events.h"
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/* Set before load: carbd's own tgid, never traced (its content reads
+ * would feed back into the stream). */
+volatile const __u32 ft_self_tgid = 0;
+
+/* Bit L set: some traced cgroup sits at level L. Written by userspace at
+ * run time (the .bss map is mmapable). */
+volatile __u32 ft_cgroup_levels = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22); /* userspace may resize before load */
+} ft_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* tgid */
+	__type(value, struct ft_target);
+} ft_pids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u64); /* cgroup v2 id */
+	__type(value, struct ft_target);
+} ft_cgroups SEC(".maps");
+
+struct ft_inflight {
+	__u64 args[6];
+	__u32 nr;
+	__u32 target;
+	struct ft_fdinfo fi; /* close: the descriptor before it goes away */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); /* thread id */
+	__type(value, struct ft_inflight);
+} ft_inflight SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FT_C_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} ft_counters SEC(".maps");
+
+/* Not used at run time: keeps the wire types and enums in the object's
+ * BTF, where pkg/hooks/fileev's layout test checks them. */
+struct ft_wire {
+	struct ft_path_event ev;
+	enum ft_kind kind;
+	enum ft_op op;
+	enum ft_flag flag;
+	enum ft_counter counter;
+};
+const struct ft_wire *unused_ft_wire __attribute__((unused));
+
+#define ARG_NONE -1
+#define ARG_RET 6 /* the descriptor is the return value */
+
+/* How one syscall is recorded. */
+struct ft_sc {
+	__u8 op;
+	__s8 path0, path1; /* argument index of a user string */
+	__s8 fd0, fd1;     /* argument index of a descriptor, or ARG_RET */
+	__s8 uoff0, uoff1; /* argument index of a user loff_t * to read at exit */
+	__u8 how;          /* openat2: read struct open_how at args[2] */
+};
+
+#define SC(o, p0, p1, f0, f1)                                                  \
+	do {                                                                   \
+		sc->op = (o);                                                  \
+		sc->path0 = (p0);                                              \
+		sc->path1 = (p1);                                              \
+		sc->fd0 = (f0);                                                \
+		sc->fd1 = (f1);                                                \
+	} while (0)
+
+#define N ARG_NONE
+#define R ARG_RET
+
+/* describe fills sc for syscall nr and returns its op, FT_OP_NONE for a
+ * syscall that is not traced. */
+static __always_inline int describe(long nr, struct ft_sc *sc)
+{
+	sc->op = FT_OP_NONE;
+	sc->uoff0 = N;
+	sc->uoff1 = N;
+	sc->how = 0;
+	switch (nr) {
+	case 0:   /* read(fd, buf, count) */
+	case 17:  /* pread64(fd, buf, count, pos) */
+	case 19:  /* readv(fd, iov, cnt) */
+	case 295: /* preadv(fd, iov, cnt, pos_l, pos_h) */
+	case 327: /* preadv2(fd, iov, cnt, pos_l, pos_h, flags) */
+		SC(FT_OP_READ, N, N, 0, N);
+		break;
+	case 1:   /* write */
+	case 18:  /* pwrite64 */
+	case 20:  /* writev */
+	case 296: /* pwritev */
+	case 328: /* pwritev2 */
+		SC(FT_OP_WRITE, N, N, 0, N);
+		break;
+	case 2:  /* open(path, flags, mode) */
+	case 85: /* creat(path, mode) */
+		SC(FT_OP_OPEN, 0, N, R, N);
+		break;
+	case 257: /* openat(dirfd, path, flags, mode) */
+		SC(FT_OP_OPEN, 1, N, R, 0);
+		break;
+	case 437: /* openat2(dirfd, path, how, size) */
+		SC(FT_OP_OPEN, 1, N, R, 0);
+		sc->how = 1;
+		break;
+	case 304: /* open_by_handle_at(mount_fd, handle, flags) */
+		SC(FT_OP_OPEN, N, N, R, 0);
+		break;
+	case 3: /* close(fd) */
+		SC(FT_OP_CLOSE, N, N, N, N);
+		break;
+	case 9: /* mmap(addr, len, prot, flags, fd, off) */
+		SC(FT_OP_MMAP, N, N, 4, N);
+		break;
+	case 32:  /* dup(old) */
+	case 33:  /* dup2(old, new) */
+	case 292: /* dup3(old, new, flags) */
+	case 72:  /* fcntl(fd, F_DUPFD[_CLOEXEC], min) */
+		SC(FT_OP_DUP, N, N, R, N);
+		break;
+	case 40: /* sendfile(out, in, off*, count) */
+		SC(FT_OP_COPY, N, N, 1, 0);
+		sc->uoff0 = 2;
+		break;
+	case 275: /* splice(in, off_in*, out, off_out*, len, flags) */
+	case 326: /* copy_file_range(in, off_in*, out, off_out*, len, flags) */
+		SC(FT_OP_COPY, N, N, 0, 2);
+		sc->uoff0 = 1;
+		sc->uoff1 = 3;
+		break;
+	case 76: /* truncate(path, len) */
+		SC(FT_OP_TRUNCATE, 0, N, N, N);
+		break;
+	case 77: /* ftruncate(fd, len) */
+		SC(FT_OP_TRUNCATE, N, N, 0, N);
+		break;
+	case 285: /* fallocate(fd, mode, off, len) */
+		SC(FT_OP_FALLOCATE, N, N, 0, N);
+		break;
+	case 80: /* chdir(path) */
+		SC(FT_OP_CHDIR, 0, N, N, N);
+		break;
+	case 81: /* fchdir(fd) */
+		SC(FT_OP_CHDIR, N, N, 0, N);
+		break;
+	case 82: /* rename(old, new) */
+		SC(FT_OP_RENAME, 0, 1, N, N);
+		break;
+	case 264: /* renameat(olddirfd, old, newdirfd, new) */
+	case 316: /* renameat2(olddirfd, old, newdirfd, new, flags) */
+		SC(FT_OP_RENAME, 1, 3, 0, 2);
+		break;
+	case 83: /* mkdir(path, mode) */
+		SC(FT_OP_MKDIR, 0, N, N, N);
+		break;
+	case 258: /* mkdirat(dirfd, path, mode) */
+		SC(FT_OP_MKDIR, 1, N, 0, N);
+		break;
+	case 84: /* rmdir(path) */
+		SC(FT_OP_RMDIR, 0, N, N, N);
+		break;
+	case 86: /* link(old, new) */
+		SC(FT_OP_LINK, 0, 1, N, N);
+		break;
+	case 265: /* linkat(olddirfd, old, newdirfd, new, flags) */
+		SC(FT_OP_LINK, 1, 3, 0, 2);
+		break;
+	case 87: /* unlink(path) */
+		SC(FT_OP_UNLINK, 0, N, N, N);
+		break;
+	case 263: /* unlinkat(dirfd, path, flags) */
+		SC(FT_OP_UNLINK, 1, N, 0, N);
+		break;
+	case 88: /* symlink(target, linkpath) */
+		SC(FT_OP_SYMLINK, 0, 1, N, N);
+		break;
+	case 266: /* symlinkat(target, newdirfd, linkpath) */
+		SC(FT_OP_SYMLINK, 0, 2, 1, N);
+		break;
+	case 90: /* chmod(path, mode) */
+		SC(FT_OP_CHMOD, 0, N, N, N);
+		break;
+	case 91: /* fchmod(fd, mode) */
+		SC(FT_OP_CHMOD, N, N, 0, N);
+		break;
+	case 268: /* fchmodat(dirfd, path, mode) */
+	case 452: /* fchmodat2(dirfd, path, mode, flags) */
+		SC(FT_OP_CHMOD, 1, N, 0, N);
+		break;
+	case 92: /* chown(path, uid, gid) */
+	case 94: /* lchown(path, uid, gid) */
+		SC(FT_OP_CHOWN, 0, N, N, N);
+		break;
+	case 93: /* fchown(fd, uid, gid) */
+		SC(FT_OP_CHOWN, N, N, 0, N);
+		break;
+	case 260: /* fchownat(dirfd, path, uid, gid, flags) */
+		SC(FT_OP_CHOWN, 1, N, 0, N);
+		break;
+	case 133: /* mknod(path, mode, dev) */
+		SC(FT_OP_MKNOD, 0, N, N, N);
+		break;
+	case 259: /* mknodat(dirfd, path, mode, dev) */
+		SC(FT_OP_MKNOD, 1, N, 0, N);
+		break;
+	case 188: /* setxattr(path, name, value, size, flags) */
+	case 189: /* lsetxattr */
+		SC(FT_OP_SETXATTR, 0, 1, N, N);
+		break;
+	case 190: /* fsetxattr(fd, name, value, size, flags) */
+		SC(FT_OP_SETXATTR, N, 1, 0, N);
+		break;
+	case 463: /* setxattrat(dirfd, path, at_flags, name, args, size) */
+		SC(FT_OP_SETXATTR, 1, 3, 0, N);
+		break;
+	case 197: /* removexattr(path, name) */
+	case 198: /* lremovexattr */
+		SC(FT_OP_RMXATTR, 0, 1, N, N);
+		break;
+	case 199: /* fremovexattr(fd, name) */
+		SC(FT_OP_RMXATTR, N, 1, 0, N);
+		break;
+	case 466: /* removexattrat(dirfd, path, at_flags, name) */
+		SC(FT_OP_RMXATTR, 1, 3, 0, N);
+		break;
+	}
+	return sc->op;
+}
+
+#undef N
+#undef R
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&ft_counters, &idx);
+	if (c)
+		*c += 1;
+}
+
+/* traced returns the target of the current process, or NULL. */
+static __always_inline struct ft_target *traced(__u32 tgid)
+{
+	if (tgid == ft_self_tgid)
+		return NULL;
+	struct ft_target *t = bpf_map_lookup_elem(&ft_pids, &tgid);
+	if (t)
+		return t;
+	__u32 levels = ft_cgroup_levels;
+	if (!levels)
+		return NULL;
+	for (int lvl = 0; lvl < FT_MAX_CGROUP_LEVEL; lvl++) {
+		if (!(levels & (1u << lvl)))
+			continue;
+		__u64 id = bpf_get_current_ancestor_cgroup_id(lvl);
+		if (!id)
+			break; /* deeper than the current cgroup */
+		t = bpf_map_lookup_elem(&ft_cgroups, &id);
+		if (t)
+			return t;
+	}
+	return NULL;
+}
+
+/* fd_info describes descriptor fd of the current task from its file
+ * table; it returns 0 when fd names an open file. */
+static __always_inline int fd_info(long fd, struct ft_fdinfo *fi)
+{
+	fi->fd = (__s32)fd;
+	if (fd < 0 || fd > 0x7fffffff)
+		return -1;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt)
+		return -1;
+	if ((__u32)fd >= BPF_CORE_READ(fdt, max_fds))
+		return -1;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+		return -1;
+	struct inode *ino = BPF_CORE_READ(f, f_inode);
+	if (!ino)
+		return -1;
+	fi->mode = BPF_CORE_READ(ino, i_mode);
+	fi->ino = BPF_CORE_READ(ino, i_ino);
+	fi->dev = BPF_CORE_READ(ino, i_sb, s_dev);
+	fi->pos = BPF_CORE_READ(f, f_pos);
+	fi->flags = BPF_CORE_READ(f, f_flags);
+	return 0;
+}
+
+#define S_IFMT_ 00170000
+#define S_IFREG_ 0100000
+#define S_IFDIR_ 0040000
+#define S_IFLNK_ 0120000
+
+static __always_inline int is_reg(__u32 mode) { return (mode & S_IFMT_) == S_IFREG_; }
+
+static __always_inline __u64 arg_at(const __u64 *args, int i)
+{
+	switch (i) {
+	case 0: return args[0];
+	case 1: return args[1];
+	case 2: return args[2];
+	case 3: return args[3];
+	case 4: return args[4];
+	case 5: return args[5];
+	}
+	return 0;
+}
+
+static __always_inline void read_args(struct pt_regs *regs, __u64 *args)
+{
+	/* x86-64 syscall convention: di si dx r10 r8 r9 */
+	args[0] = BPF_CORE_READ(regs, di);
+	args[1] = BPF_CORE_READ(regs, si);
+	args[2] = BPF_CORE_READ(regs, dx);
+	args[3] = BPF_CORE_READ(regs, r10);
+	args[4] = BPF_CORE_READ(regs, r8);
+	args[5] = BPF_CORE_READ(regs, r9);
+}
+
+#define TS_COMPAT_ 0x0002           /* x86 thread_info.status: ia32 syscall active */
+#define X32_SYSCALL_BIT_ 0x40000000 /* x32 ABI syscall numbers */
+
+/* on_enter: btf says the program may read the task directly (tp_btf). */
+static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
+{
+	struct ft_sc sc;
+	/* ia32 (int 0x80) and x32 syscalls have other numbers and argument
+	 * layouts: they are not decoded, but a traced process making them
+	 * counts as a loss, so the daemon re-scans. */
+	__u32 status;
+	if (btf)
+		status = bpf_get_current_task_btf()->thread_info.status;
+	else
+		status = BPF_CORE_READ((struct task_struct *)bpf_get_current_task(), thread_info.status);
+	if ((status & TS_COMPAT_) || (nr & X32_SYSCALL_BIT_)) {
+		if (traced(bpf_get_current_pid_tgid() >> 32))
+			count(FT_C_COMPAT);
+		return 0;
+	}
+	if (describe(nr, &sc) == FT_OP_NONE)
+		return 0;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct ft_target *t = traced(pid_tgid >> 32);
+	if (!t)
+		return 0;
+
+	struct ft_inflight in = {};
+	read_args(regs, in.args);
+	in.nr = nr;
+	in.target = t->id;
+	in.fi.fd = -1;
+	switch (sc.op) {
+	case FT_OP_DUP:
+		if (nr == 72 && (__u32)in.args[1] != 0 /* F_DUPFD */ &&
+		    (__u32)in.args[1] != 1030 /* F_DUPFD_CLOEXEC */)
+			return 0;
+		break;
+	case FT_OP_MMAP:
+		/* only file mappings: fd >= 0 and not MAP_ANONYMOUS */
+		if ((__s32)in.args[4] < 0 || (in.args[3] & 0x20))
+			return 0;
+		break;
+	case FT_OP_CLOSE: {
+		if (fd_info((long)(__s32)in.args[0], &in.fi))
+			return 0;
+		__u32 fmt = in.fi.mode & S_IFMT_;
+		if (fmt != S_IFREG_ && fmt != S_IFDIR_ && fmt != S_IFLNK_)
+			return 0;
+		break;
+	}
+	}
+	__u32 tid = (__u32)pid_tgid;
+	if (bpf_map_update_elem(&ft_inflight, &tid, &in, BPF_ANY))
+		count(FT_C_INFLIGHT);
+	return 0;
+}
+
+static __always_inline void fill_header(struct ft_event *e, const struct ft_inflight *in,
+					 const struct ft_sc *sc, __u64 pid_tgid, long ret)
+{
+	e->ts = bpf_ktime_get_ns();
+	e->tgid = pid_tgid >> 32;
+	e->tid = (__u32)pid_tgid;
+	e->target = in->target;
+	e->kind = FT_K_SYSCALL;
+	e->op = sc->op;
+	e->nr = in->nr;
+	e->flags = 0;
+	e->ret = ret;
+	__builtin_memcpy(e->args, in->args, sizeof(e->args));
+	e->aux[0] = 0;
+	e->aux[1] = 0;
+	e->plen[0] = 0;
+	e->plen[1] = 0;
+	e->_pad = 0;
+}
+
+/* describe_fd describes the descriptor named by which (an argument
+ * index or ARG_RET) into fi; it returns 1 when fi describes an open file. */
+static __always_inline int describe_fd(struct ft_fdinfo *fi, int which,
+					const struct ft_inflight *in, long ret)
+{
+	long fd;
+	fi->fd = -1;
+	if (which == ARG_NONE)
+		return 0;
+	if (which == ARG_RET)
+		fd = ret;
+	else
+		fd = (long)(__s32)arg_at(in->args, which);
+	return fd_info(fd, fi) == 0;
+}
+
+static __always_inline void read_aux(struct ft_event *e, const struct ft_sc *sc,
+				     const struct ft_inflight *in)
+{
+	if (sc->how) {
+		__u64 how[2]; /* struct open_how: flags, mode */
+		const void *p = (const void *)in->args[2];
+		if (p && bpf_probe_read_user(how, sizeof(how), p) == 0) {
+			e->aux[0] = how[0];
+			e->aux[1] = how[1];
+			e->flags |= FT_F_AUX0 | FT_F_AUX1;
+		} else {
+			e->flags |= FT_F_AUX_FAULT;
+		}
+		return;
+	}
+	if (sc->uoff0 != ARG_NONE) {
+		const void *p = (const void *)arg_at(in->args, sc->uoff0);
+		if (p) {
+			if (bpf_probe_read_user(&e->aux[0], sizeof(__u64), p) == 0)
+				e->flags |= FT_F_AUX0;
+			else
+				e->flags |= FT_F_AUX_FAULT;
+		}
+	}
+	if (sc->uoff1 != ARG_NONE) {
+		const void *p = (const void *)arg_at(in->args, sc->uoff1);
+		if (p) {
+			if (bpf_probe_read_user(&e->aux[1], sizeof(__u64), p) == 0)
+				e->flags |= FT_F_AUX1;
+			else
+				e->flags |= FT_F_AUX_FAULT;
+		}
+	}
+}
+
+static __always_inline int on_exit(struct pt_regs *regs, long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct ft_inflight *in = bpf_map_lookup_elem(&ft_inflight, &tid);
+	if (!in)
+		return 0;
+	struct ft_sc sc;
+	long nr = BPF_CORE_READ(regs, orig_ax);
+	if (nr != in->nr || describe(nr, &sc) == FT_OP_NONE) {
+		/* a stale entry (the exit of its syscall was not seen) */
+		bpf_map_delete_elem(&ft_inflight, &tid);
+		return 0;
+	}
+
+	/* Describe the descriptors before reserving: data operations on
+	 * pipes, sockets, eventfds and the like are dropped here. */
+	struct ft_fdinfo fi[2] = {};
+	__u32 fl = 0;
+	if (sc.op == FT_OP_CLOSE) {
+		fi[0] = in->fi;
+		fi[1].fd = -1;
+		fl |= FT_F_FI0;
+	} else {
+		if (describe_fd(&fi[0], sc.fd0, in, ret))
+			fl |= FT_F_FI0;
+		if (describe_fd(&fi[1], sc.fd1, in, ret))
+			fl |= FT_F_FI1;
+	}
+	if (sc.op == FT_OP_READ || sc.op == FT_OP_WRITE || sc.op == FT_OP_MMAP ||
+	    sc.op == FT_OP_COPY) {
+		int reg = ((fl & FT_F_FI0) && is_reg(fi[0].mode)) ||
+			  ((fl & FT_F_FI1) && is_reg(fi[1].mode));
+		if (!reg)
+			goto out;
+	}
+
+	if (sc.path0 == ARG_NONE && sc.path1 == ARG_NONE) {
+		struct ft_event *e = bpf_ringbuf_reserve(&ft_events, sizeof(*e), 0);
+		if (!e) {
+			count(FT_C_RINGBUF);
+			goto out;
+		}
+		fill_header(e, in, &sc, pid_tgid, ret);
+		e->fi[0] = fi[0];
+		e->fi[1] = fi[1];
+		e->flags |= fl;
+		read_aux(e, &sc, in);
+		bpf_ringbuf_submit(e, 0);
+		goto out;
+	}
+
+	struct ft_path_event *pe = bpf_ringbuf_reserve(&ft_events, sizeof(*pe), 0);
+	if (!pe) {
+		count(FT_C_RINGBUF);
+		goto out;
+	}
+	fill_header(&pe->h, in, &sc, pid_tgid, ret);
+	pe->h.fi[0] = fi[0];
+	pe->h.fi[1] = fi[1];
+	pe->h.flags |= FT_F_PATHS | fl;
+	read_aux(&pe->h, &sc, in);
+	pe->path[0][0] = 0;
+	pe->path[1][0] = 0;
+	if (sc.path0 != ARG_NONE) {
+		const char *p = (const char *)arg_at(in->args, sc.path0);
+		if (p) {
+			long n = bpf_probe_read_user_str(pe->path[0], FT_PATH_MAX, p);
+			if (n < 0) {
+				pe->h.flags |= FT_F_P0_FAULT;
+				pe->path[0][0] = 0;
+			} else {
+				pe->h.plen[0] = n;
+				if (n >= FT_PATH_MAX)
+					pe->h.flags |= FT_F_P0_TRUNC;
+			}
+		}
+	}
+	if (sc.path1 != ARG_NONE) {
+		const char *p = (const char *)arg_at(in->args, sc.path1);
+		if (p) {
+			long n = bpf_probe_read_user_str(pe->path[1], FT_PATH_MAX, p);
+			if (n < 0) {
+				pe->h.flags |= FT_F_P1_FAULT;
+				pe->path[1][0] = 0;
+			} else {
+				pe->h.plen[1] = n;
+				if (n >= FT_PATH_MAX)
+					pe->h.flags |= FT_F_P1_TRUNC;
+			}
+		}
+	}
+	bpf_ringbuf_submit(pe, 0);
+out:
+	bpf_map_delete_elem(&ft_inflight, &tid);
+	return 0;
+}
+
+static __always_inline void emit_simple(__u16 kind, __u32 tgid, __u32 tid, __u32 target,
+					__u64 arg0)
+{
+	struct ft_event *e = bpf_ringbuf_reserve(&ft_events, sizeof(*e), 0);
+	if (!e) {
+		count(FT_C_RINGBUF);
+		return;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts = bpf_ktime_get_ns();
+	e->tgid = tgid;
+	e->tid = tid;
+	e->target = target;
+	e->kind = kind;
+	e->args[0] = arg0;
+	e->fi[0].fd = -1;
+	e->fi[1].fd = -1;
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int on_fork(struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	if (ptgid == ctgid)
+		return 0; /* a new thread */
+	struct ft_target *t = traced(ptgid);
+	if (!t)
+		return 0;
+	struct ft_target copy = *t;
+	/* Children of a pid target follow it; children of a cgroup target
+	 * are in the cgroup already. */
+	struct ft_target *byPid = bpf_map_lookup_elem(&ft_pids, &ptgid);
+	if (byPid && (byPid->flags & FT_T_FOLLOW)) {
+		if (bpf_map_update_elem(&ft_pids, &ctgid, &copy, BPF_ANY))
+			count(FT_C_FORK);
+	}
+	emit_simple(FT_K_FORK, ptgid, BPF_CORE_READ(parent, pid), copy.id, ctgid);
+	return 0;
+}
+
+static __always_inline int on_task_exit(struct task_struct *task)
+{
+	__u32 tid = BPF_CORE_READ(task, pid);
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	bpf_map_delete_elem(&ft_inflight, &tid);
+	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+		return 0; /* other threads of the group live on */
+	struct ft_target *t = traced(tgid);
+	if (!t)
+		return 0;
+	__u32 id = t->id;
+	bpf_map_delete_elem(&ft_pids, &tgid);
+	emit_simple(FT_K_EXIT, tgid, tid, id, 0);
+	return 0;
+}
+
+/* tp_btf programs (BTF-typed raw tracepoints). */
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(ft_enter_btf, struct pt_regs *regs, long id)
+{
+	return on_enter(regs, id, 1);
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(ft_exit_btf, struct pt_regs *regs, long ret)
+{
+	return on_exit(regs, ret);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(ft_fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	return on_fork(parent, child);
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(ft_pexit_btf, struct task_struct *task)
+{
+	return on_task_exit(task);
+}
+
+/* raw_tracepoint programs: the same, with untyped arguments. */
+
+SEC("raw_tp/sys_enter")
+int ft_enter_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_enter((struct pt_regs *)ctx->args[0], (long)ctx->args[1], 0);
+}
+
+SEC("raw_tp/sys_exit")
+int ft_exit_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_exit((struct pt_regs *)ctx->args[0], (long)ctx->args[1]);
+}
+
+SEC("raw_tp/sched_process_fork")
+int ft_fork_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_fork((struct task_struct *)ctx->args[0], (struct task_struct *)ctx->args[1]);
+}
+
+SEC("raw_tp/sched_process_exit")
+int ft_pexit_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	return on_task_exit((struct task_struct *)ctx->args[0]);
+}
+
+/* ft_marker is run by userspace (BPF_PROG_TEST_RUN) with one argument, a
+ * cookie: its record tells the reader that everything submitted before
+ * it has been read. It returns 1 when the record was submitted, 0 when
+ * the ring buffer is full (userspace retries; not a loss). */
+SEC("raw_tp")
+int ft_marker(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct ft_event *e = bpf_ringbuf_reserve(&ft_events, sizeof(*e), 0);
+	if (!e)
+		return 0;
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts = bpf_ktime_get_ns();
+	e->tgid = pid_tgid >> 32;
+	e->tid = (__u32)pid_tgid;
+	e->kind = FT_K_MARKER;
+	e->args[0] = ctx->args[0];
+	e->fi[0].fd = -1;
+	e->fi[1].fd = -1;
+	bpf_ringbuf_submit(e, 0);
+	return 1;
+}

@@ -1,0 +1,831 @@
+//go:build linux
+
+package fileev
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/pkg/decide"
+)
+
+// Defaults of Config.
+const (
+	DefaultRingBytes  = 4 << 20 // ring buffer: ~3,500 path records or ~23,000 data records
+	DefaultMaxContent = 1 << 20 // content read back per record
+)
+
+// Mechanisms a Tracer can attach with.
+const (
+	MechTPBTF = "tp_btf"         // BTF-typed raw tracepoints (preferred)
+	MechRawTP = "raw_tracepoint" // plain raw tracepoints
+)
+
+// Errors.
+var (
+	ErrClosed   = errors.New("fileev: tracer closed")
+	ErrNotFound = errors.New("fileev: no such target")
+)
+
+// Config configures a Tracer.
+type Config struct {
+	// Root is M, the merged view of the working directory on the host.
+	// Paths are reported relative to it; content is read back from it
+	// (resolved inside it, as a chroot would). Required, absolute.
+	Root string
+	// RingBytes is the size of the BPF ring buffer: a power of two and a
+	// multiple of the page size. 0 means DefaultRingBytes.
+	RingBytes int
+	// MaxContent bounds the content read back for one record (what a
+	// read returned, what a write stored). Beyond it, Record.Content
+	// holds the first MaxContent bytes and ContentTruncated is set. 0
+	// means DefaultMaxContent; negative reads no content.
+	MaxContent int
+	// Attach forces a mechanism (MechTPBTF or MechRawTP). Empty probes:
+	// tp_btf, then raw_tracepoint.
+	Attach string
+}
+
+// Target selects processes to trace: a process by pid (and, unless
+// NoFollow, every child it forks afterwards) or every process of a cgroup
+// v2 and its descendants.
+type Target struct {
+	PID    int    // a process (thread group) id
+	Cgroup string // or the path of a cgroup v2 directory, e.g. /sys/fs/cgroup/unified/sbx
+	// View is where M appears in the traced processes' mount namespace:
+	// "/" for virtiofsd (it pivots into M), the bind mount's target for a
+	// namespace sandbox. Empty means Config.Root (same namespace).
+	View     string
+	NoFollow bool // PID only: do not trace children forked after Trace
+}
+
+// Stats are the loss and error counters.
+type Stats struct {
+	RingFull     uint64 // records the kernel could not reserve: ring buffer full
+	InflightFull uint64 // syscall entries that could not be remembered
+	ForkUntraced uint64 // children of a followed pid that could not be traced
+	Compat       uint64 // ia32/x32 syscalls of traced processes (not decoded)
+	Malformed    uint64 // records that did not decode or resolve
+}
+
+// Handler receives, in ring order, every record and the decide.Events it
+// maps to (see Events). It runs on Run's goroutine: a slow handler makes
+// the ring buffer fill and records be lost (and counted).
+type Handler func(r *Record, evs []decide.Event)
+
+type traceTarget struct {
+	t     Target
+	cgID  uint64
+	level int
+}
+
+// ftTarget is struct ft_target.
+type ftTarget struct {
+	ID    uint32
+	Flags uint32
+}
+
+const ftFollow = 1
+
+// Tracer traces the file syscalls of selected processes. Its methods are
+// safe for concurrent use; Run is called once.
+type Tracer struct {
+	cfg     Config
+	mech    string
+	note    string // why the preferred mechanism was not used
+	coll    *ebpf.Collection
+	links   []link.Link
+	rd      *ringbuf.Reader
+	root    *os.File // M, O_PATH: content reads resolve beneath it
+	rootDev uint32   // kernel encoding
+	rootIno uint64
+	boot    func(uint64) time.Time
+
+	pids, cgroups, counters *ebpf.Map
+	levels                  *ebpf.Variable
+	marker                  *ebpf.Program
+
+	mu      sync.Mutex // guards the fields below
+	targets map[int]*traceTarget
+	nextID  int
+	waiters map[uint64]chan struct{}
+	running bool
+	closed  bool
+
+	files   fileCache // Run's open files of M, by inode
+	scratch []byte    // Run's content buffer
+
+	seeds    []seed // guarded by mu: process state taken by Trace, for Run
+	hasSeeds atomic.Bool
+
+	cookie    atomic.Uint64
+	malformed atomic.Uint64
+	acked     atomic.Uint64
+}
+
+// seed is a traced process's working directory and descriptors, read
+// from /proc when Trace starts tracing it: Run's resolver starts from it,
+// so descriptors opened before Trace resolve even after the process has
+// exited.
+type seed struct {
+	pid int
+	st  *procState
+}
+
+// snapshot reads pid's working directory and file descriptors from /proc.
+func snapshot(pid int) (seed, error) {
+	dir := "/proc/" + strconv.Itoa(pid)
+	st := &procState{fds: map[int]fdEntry{}}
+	cwd, err := os.Readlink(dir + "/cwd")
+	if err != nil {
+		return seed{}, err
+	}
+	st.cwd = cwd
+	ents, err := os.ReadDir(dir + "/fd")
+	if err != nil {
+		return seed{}, err
+	}
+	for _, ent := range ents {
+		fd, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		p, err := os.Readlink(dir + "/fd/" + ent.Name())
+		if err != nil || !strings.HasPrefix(p, "/") {
+			continue
+		}
+		e := fdEntry{path: strings.TrimSuffix(p, " (deleted)")}
+		var fst unix.Stat_t
+		if unix.Stat(dir+"/fd/"+ent.Name(), &fst) == nil {
+			e.dev, e.ino, e.known = unix.Major(fst.Dev)<<20|unix.Minor(fst.Dev), fst.Ino, true
+		}
+		st.fds[fd] = e
+	}
+	return seed{pid: pid, st: st}, nil
+}
+
+// addSeeds snapshots pids for Run. t.mu is held.
+func (t *Tracer) addSeeds(pids ...int) {
+	for _, pid := range pids {
+		if s, err := snapshot(pid); err == nil {
+			t.seeds = append(t.seeds, s)
+		}
+	}
+	if len(t.seeds) > 0 {
+		t.hasSeeds.Store(true)
+	}
+}
+
+// applySeeds hands the pending snapshots to Run's resolver.
+func (t *Tracer) applySeeds(res *resolver) {
+	t.mu.Lock()
+	seeds := t.seeds
+	t.seeds = nil
+	t.hasSeeds.Store(false)
+	t.mu.Unlock()
+	for _, s := range seeds {
+		res.procs[s.pid] = s.st
+	}
+}
+
+// cgroupPids lists the processes of a cgroup and its descendants.
+func cgroupPids(dir string) []int {
+	var pids []int
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		for _, w := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(w); err == nil {
+				pids = append(pids, n)
+			}
+		}
+		return nil
+	})
+	return pids
+}
+
+// New loads the tracing programs, attaches them (probing tp_btf, then
+// raw_tracepoint) and opens the ring buffer. Nothing is traced until
+// Trace. Needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN) and BTF.
+func New(cfg Config) (_ *Tracer, err error) {
+	if cfg.Root == "" || !filepath.IsAbs(cfg.Root) {
+		return nil, fmt.Errorf("fileev: config: root %q is not an absolute path", cfg.Root)
+	}
+	cfg.Root = filepath.Clean(cfg.Root)
+	if cfg.RingBytes == 0 {
+		cfg.RingBytes = DefaultRingBytes
+	}
+	page := os.Getpagesize()
+	if cfg.RingBytes < page || cfg.RingBytes&(cfg.RingBytes-1) != 0 {
+		return nil, fmt.Errorf("fileev: config: ring bytes %d is not a power of two of at least %d", cfg.RingBytes, page)
+	}
+	if cfg.MaxContent == 0 {
+		cfg.MaxContent = DefaultMaxContent
+	}
+	switch cfg.Attach {
+	case "", MechTPBTF, MechRawTP:
+	default:
+		return nil, fmt.Errorf("fileev: config: attach %q (want %s or %s)", cfg.Attach, MechTPBTF, MechRawTP)
+	}
+	t := &Tracer{cfg: cfg, targets: map[int]*traceTarget{}, waiters: map[uint64]chan struct{}{}}
+	defer func() {
+		if err != nil {
+			t.Close()
+		}
+	}()
+	fd, err := unix.Open(cfg.Root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("fileev: open root %s: %w", cfg.Root, err)
+	}
+	t.root = os.NewFile(uintptr(fd), cfg.Root)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fileev: stat root %s: %w", cfg.Root, err)
+	}
+	t.rootDev, t.rootIno = unix.Major(st.Dev)<<20|unix.Minor(st.Dev), st.Ino
+
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, fmt.Errorf("fileev: read monotonic clock: %w", err)
+	}
+	wall, mono := time.Now(), ts.Nano()
+	t.boot = func(ns uint64) time.Time { return wall.Add(time.Duration(int64(ns) - mono)) }
+
+	order := []string{MechTPBTF, MechRawTP}
+	if cfg.Attach != "" {
+		order = []string{cfg.Attach}
+	}
+	var errs []error
+	for _, m := range order {
+		if err := t.attach(m); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", m, err))
+			t.detach()
+			continue
+		}
+		t.mech = m
+		break
+	}
+	if t.mech == "" {
+		return nil, fmt.Errorf("fileev: attach tracing programs: %w", errors.Join(errs...))
+	}
+	if len(errs) > 0 {
+		t.note = errors.Join(errs...).Error()
+	}
+	if t.rd, err = ringbuf.NewReader(t.coll.Maps["ft_events"]); err != nil {
+		return nil, fmt.Errorf("fileev: open ring buffer: %w", err)
+	}
+	return t, nil
+}
+
+// progNames are the programs of each mechanism and the tracepoint each
+// attaches to.
+var progNames = map[string][][2]string{
+	MechTPBTF: {{"ft_enter_btf", "sys_enter"}, {"ft_exit_btf", "sys_exit"},
+		{"ft_fork_btf", "sched_process_fork"}, {"ft_pexit_btf", "sched_process_exit"}},
+	MechRawTP: {{"ft_enter_raw", "sys_enter"}, {"ft_exit_raw", "sys_exit"},
+		{"ft_fork_raw", "sched_process_fork"}, {"ft_pexit_raw", "sched_process_exit"}},
+}
+
+func (t *Tracer) attach(mech string) error {
+	spec, err := loadSpec()
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{"ft_marker": true}
+	for _, p := range progNames[mech] {
+		keep[p[0]] = true
+	}
+	for name := range spec.Programs {
+		if !keep[name] {
+			delete(spec.Programs, name)
+		}
+	}
+	spec.Maps["ft_events"].MaxEntries = uint32(t.cfg.RingBytes)
+	if err := spec.Variables["ft_self_tgid"].Set(uint32(os.Getpid())); err != nil {
+		return fmt.Errorf("set ft_self_tgid: %w", err)
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		return fmt.Errorf("load: %w", err)
+	}
+	t.coll = coll
+	t.pids, t.cgroups, t.counters = coll.Maps["ft_pids"], coll.Maps["ft_cgroups"], coll.Maps["ft_counters"]
+	t.levels, t.marker = coll.Variables["ft_cgroup_levels"], coll.Programs["ft_marker"]
+	// Attach the exit side first: an enter without its exit would leave
+	// entries that nothing removes.
+	for i := len(progNames[mech]) - 1; i >= 0; i-- {
+		p := progNames[mech][i]
+		var l link.Link
+		if mech == MechTPBTF {
+			l, err = link.AttachTracing(link.TracingOptions{Program: coll.Programs[p[0]], AttachType: ebpf.AttachTraceRawTp})
+		} else {
+			l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: p[1], Program: coll.Programs[p[0]]})
+		}
+		if err != nil {
+			return fmt.Errorf("attach program to %s: %w", p[1], err)
+		}
+		t.links = append(t.links, l)
+	}
+	return nil
+}
+
+func (t *Tracer) detach() {
+	for i := len(t.links) - 1; i >= 0; i-- {
+		t.links[i].Close()
+	}
+	t.links = nil
+	if t.coll != nil {
+		t.coll.Close()
+		t.coll = nil
+	}
+}
+
+// Mechanism says how the tracer is attached (MechTPBTF or MechRawTP) and,
+// when the preferred one was refused, why.
+func (t *Tracer) Mechanism() (mech, note string) { return t.mech, t.note }
+
+// Close detaches the programs and frees the maps. Run returns.
+func (t *Tracer) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.mu.Unlock()
+	var errs []error
+	t.detach()
+	if t.rd != nil {
+		errs = append(errs, t.rd.Close())
+	}
+	if t.root != nil {
+		errs = append(errs, t.root.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Trace starts tracing target and returns its id (Record.Target).
+// Descriptors the processes opened before Trace are resolved through
+// /proc when first used.
+func (t *Tracer) Trace(tg Target) (int, error) {
+	if (tg.PID > 0) == (tg.Cgroup != "") {
+		return 0, fmt.Errorf("fileev: target: give exactly one of a pid or a cgroup")
+	}
+	if tg.PID == os.Getpid() {
+		return 0, fmt.Errorf("fileev: target: pid %d is carbd itself (its content reads would feed back)", tg.PID)
+	}
+	if tg.View != "" {
+		if !filepath.IsAbs(tg.View) {
+			return 0, fmt.Errorf("fileev: target: view %q is not an absolute path", tg.View)
+		}
+		tg.View = filepath.Clean(tg.View)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, ErrClosed
+	}
+	id := t.nextID + 1
+	tt := &traceTarget{t: tg}
+	val := ftTarget{ID: uint32(id)}
+	if tg.PID > 0 {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", tg.PID)); err != nil {
+			return 0, fmt.Errorf("fileev: target: pid %d: %w", tg.PID, err)
+		}
+		if !tg.NoFollow {
+			val.Flags = ftFollow
+		}
+		if err := t.pids.Update(uint32(tg.PID), val, ebpf.UpdateNoExist); err != nil {
+			return 0, fmt.Errorf("fileev: trace pid %d: %w", tg.PID, err)
+		}
+	} else {
+		cg, err := OpenCgroup(tg.Cgroup)
+		if err != nil {
+			return 0, err
+		}
+		if cg.Level < 1 || cg.Level >= maxCgroupLevel {
+			return 0, fmt.Errorf("fileev: target: cgroup %s is at level %d (want 1 to %d)", tg.Cgroup, cg.Level, maxCgroupLevel-1)
+		}
+		tt.cgID, tt.level = cg.ID, cg.Level
+		if err := t.cgroups.Update(cg.ID, val, ebpf.UpdateNoExist); err != nil {
+			return 0, fmt.Errorf("fileev: trace cgroup %s: %w", tg.Cgroup, err)
+		}
+	}
+	t.nextID = id
+	t.targets[id] = tt
+	if err := t.syncLevels(); err != nil {
+		return 0, err
+	}
+	// Snapshot after the BPF side traces them: a change in between shows
+	// in both, and replaying it is harmless.
+	if tg.PID > 0 {
+		t.addSeeds(tg.PID)
+	} else {
+		t.addSeeds(cgroupPids(tg.Cgroup)...)
+	}
+	return id, nil
+}
+
+const maxCgroupLevel = 16 // FT_MAX_CGROUP_LEVEL
+
+// syncLevels writes the levels of the traced cgroups to the BPF side.
+// t.mu is held.
+func (t *Tracer) syncLevels() error {
+	var mask uint32
+	for _, tt := range t.targets {
+		if tt.cgID != 0 {
+			mask |= 1 << tt.level
+		}
+	}
+	if err := t.levels.Set(mask); err != nil {
+		return fmt.Errorf("fileev: set cgroup levels: %w", err)
+	}
+	return nil
+}
+
+// Untrace stops tracing target id: the pid and every child that followed
+// it, or the cgroup.
+func (t *Tracer) Untrace(id int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	tt, ok := t.targets[id]
+	if !ok {
+		return fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	delete(t.targets, id)
+	if tt.cgID != 0 {
+		if err := t.cgroups.Delete(tt.cgID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("fileev: untrace cgroup %s: %w", tt.t.Cgroup, err)
+		}
+		return t.syncLevels()
+	}
+	var key uint32
+	var val ftTarget
+	var drop []uint32
+	it := t.pids.Iterate()
+	for it.Next(&key, &val) {
+		if val.ID == uint32(id) {
+			drop = append(drop, key)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("fileev: untrace %d: %w", id, err)
+	}
+	for _, k := range drop {
+		if err := t.pids.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("fileev: untrace pid %d: %w", k, err)
+		}
+	}
+	return nil
+}
+
+func (t *Tracer) view(id uint32) (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tt, ok := t.targets[int(id)]
+	if !ok {
+		return "", false
+	}
+	return tt.t.View, true
+}
+
+// Stats reads the loss counters.
+func (t *Tracer) Stats() Stats {
+	var s Stats
+	s.Malformed = t.malformed.Load()
+	var per []uint64
+	for i, dst := range []*uint64{&s.RingFull, &s.InflightFull, &s.ForkUntraced, &s.Compat} {
+		if err := t.counters.Lookup(uint32(i), &per); err != nil {
+			continue
+		}
+		for _, v := range per {
+			*dst += v
+		}
+	}
+	return s
+}
+
+// Lost is the number of records the kernel side could not deliver (ring
+// buffer full, entry map full, untraceable child, ia32/x32 syscalls it
+// does not decode). Any loss means the event stream is incomplete:
+// re-scan the staged layer before committing.
+func (t *Tracer) Lost() uint64 {
+	s := t.Stats()
+	return s.RingFull + s.InflightFull + s.ForkUntraced + s.Compat
+}
+
+// TakeRescan reports whether records were lost or malformed since the
+// last call, and acknowledges them. The daemon calls it (after Sync)
+// before committing: true means re-scan the upper layer instead of
+// trusting the event stream.
+func (t *Tracer) TakeRescan() bool {
+	total := t.Lost() + t.malformed.Load()
+	return t.acked.Swap(total) != total
+}
+
+// Run reads the ring buffer until ctx is done or the tracer is closed,
+// resolving each record and calling h. When the loss counters grow it
+// calls h with a KindLoss record. It returns nil when ctx is done and
+// ErrClosed after Close.
+func (t *Tracer) Run(ctx context.Context, h Handler) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return ErrClosed
+	}
+	if t.running {
+		t.mu.Unlock()
+		return fmt.Errorf("fileev: Run called twice")
+	}
+	t.running = true
+	t.mu.Unlock()
+
+	defer t.files.clear()
+	res := newResolver(t.cfg.Root, t.rootDev, t.rootIno, hostProc{}, t.view, t.boot)
+	var lastLost uint64
+	checkLoss := func() {
+		if n := t.Lost(); n > lastLost {
+			lastLost = n
+			h(&Record{Kind: KindLoss, Time: time.Now(), Lost: n, FD: -1}, nil)
+		}
+	}
+	var raw ringbuf.Record
+	for n := 0; ; n++ {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if t.hasSeeds.Load() {
+			t.applySeeds(res)
+		}
+		t.rd.SetDeadline(time.Now().Add(100 * time.Millisecond))
+		err := t.rd.ReadInto(&raw)
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			t.files.clear()
+			checkLoss()
+			continue
+		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
+			return ErrClosed
+		case err != nil:
+			return fmt.Errorf("fileev: read ring buffer: %w", err)
+		}
+		if t.hasSeeds.Load() {
+			t.applySeeds(res)
+		}
+		t.handle(res, raw.RawSample, h)
+		if raw.Remaining == 0 {
+			// Caught up: hold no files of M open while idle (they
+			// would pin it against an unmount).
+			t.files.clear()
+		}
+		if raw.Remaining == 0 || n%512 == 0 {
+			checkLoss()
+		}
+	}
+}
+
+func (t *Tracer) handle(res *resolver, b []byte, h Handler) {
+	e, err := decodeEvent(b)
+	if err != nil {
+		t.malformed.Add(1)
+		h(&Record{Kind: KindSyscall, Time: time.Now(), FD: -1, Malformed: err.Error()}, nil)
+		return
+	}
+	if e.Kind == kMarker {
+		t.mu.Lock()
+		if ch, ok := t.waiters[e.Args[0]]; ok {
+			close(ch)
+			delete(t.waiters, e.Args[0])
+		}
+		t.mu.Unlock()
+		return
+	}
+	rec := res.resolve(&e)
+	if rec.Malformed != "" {
+		t.malformed.Add(1)
+	}
+	t.content(&rec)
+	h(&rec, Events(&rec))
+}
+
+// Sync returns once Run has handled every record of the syscalls that
+// returned before Sync was called: it submits a marker record behind them
+// and waits for Run to read it. Without Run it waits until ctx is done.
+func (t *Tracer) Sync(ctx context.Context) error {
+	cookie := t.cookie.Add(1)
+	ch := make(chan struct{})
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return ErrClosed
+	}
+	t.waiters[cookie] = ch
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		delete(t.waiters, cookie)
+		t.mu.Unlock()
+	}()
+	for {
+		ret, err := t.marker.Run(&ebpf.RunOptions{Context: [1]uint64{cookie}})
+		if err != nil {
+			return fmt.Errorf("fileev: run sync marker: %w", err)
+		}
+		if ret == 1 {
+			break
+		}
+		// The ring is full: wait for Run to make room.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// content reads back what a data operation moved, from M, bounded by
+// MaxContent.
+func (t *Tracer) content(r *Record) {
+	if t.cfg.MaxContent < 0 || r.Kind != KindSyscall || r.Ret <= 0 || r.Malformed != "" {
+		return
+	}
+	rel, off, n, ino := r.Path, r.Offset, r.Length, r.Ino
+	switch r.Op {
+	case OpRead, OpWrite:
+		if !r.InRoot {
+			return
+		}
+	case OpMmap:
+		if !r.InRoot || r.Mode&protRead == 0 {
+			return
+		}
+	case OpCopy:
+		switch {
+		case r.InRoot && r.Path != "":
+		case r.InRoot2 && r.Path2 != "":
+			rel, off, ino = r.Path2, r.Offset2, 0 // Ino is the source's
+		default:
+			return
+		}
+	default:
+		return
+	}
+	if off < 0 {
+		r.ContentErr = "offset unknown"
+		return
+	}
+	if n > int64(t.cfg.MaxContent) {
+		n = int64(t.cfg.MaxContent)
+		r.ContentTruncated = true
+	}
+	fd, err := t.files.open(int(t.root.Fd()), rel, ino)
+	if err != nil {
+		r.ContentErr = err.Error()
+		return
+	}
+	if int64(cap(t.scratch)) < n {
+		t.scratch = make([]byte, n)
+	}
+	buf := t.scratch[:n]
+	got := 0
+	for got < len(buf) {
+		m, err := unix.Pread(fd, buf[got:], off+int64(got))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			r.ContentErr = fmt.Sprintf("read %s: %v", rel, err)
+			break
+		}
+		if m == 0 {
+			break // the file shrank since
+		}
+		got += m
+	}
+	r.Content = string(buf[:got])
+}
+
+// hostProc reads /proc.
+type hostProc struct{}
+
+func (hostProc) FDPath(pid, fd int) (string, error) {
+	return os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + strconv.Itoa(fd))
+}
+
+func (hostProc) Cwd(pid int) (string, error) {
+	return os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd")
+}
+
+func (hostProc) NSPids(pid int) ([]int, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "NSpid:")
+		if !ok {
+			continue
+		}
+		var out []int
+		for _, w := range strings.Fields(rest) {
+			if n, err := strconv.Atoi(w); err == nil {
+				out = append(out, n)
+			}
+		}
+		return out, nil
+	}
+	return nil, sc.Err()
+}
+
+// fileCache keeps files of M open while Run works through a burst of
+// records, so content read-back is one pread. Entries are keyed by inode
+// (the record says which inode the process read or wrote): a file
+// renamed since is still the same file, a file replaced since is a
+// different key. Run clears it whenever it has caught up. Only Run's
+// goroutine uses it.
+type fileCache struct {
+	fds   map[uint64]int
+	order []uint64
+}
+
+const fileCacheSize = 64
+
+// open returns a descriptor for rel, resolved beneath root as a chroot
+// would (a symlink in M cannot lead out of it), checked to be inode ino
+// when ino is not 0. The descriptor belongs to the cache.
+func (c *fileCache) open(root int, rel string, ino uint64) (int, error) {
+	if fd, ok := c.fds[ino]; ok && ino != 0 {
+		return fd, nil
+	}
+	fd, err := unix.Openat2(root, rel, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return -1, fmt.Errorf("open %s in root: %w", rel, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s is no longer a regular file", rel)
+	}
+	if ino != 0 && st.Ino != ino {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s was replaced since the operation", rel)
+	}
+	key := st.Ino
+	if c.fds == nil {
+		c.fds = map[uint64]int{}
+	}
+	if old, ok := c.fds[key]; ok {
+		unix.Close(old)
+	} else {
+		c.order = append(c.order, key)
+	}
+	c.fds[key] = fd
+	if len(c.order) > fileCacheSize {
+		victim := c.order[0]
+		c.order = c.order[1:]
+		unix.Close(c.fds[victim])
+		delete(c.fds, victim)
+	}
+	return fd, nil
+}
+
+func (c *fileCache) clear() {
+	for _, fd := range c.fds {
+		unix.Close(fd)
+	}
+	clear(c.fds)
+	c.order = c.order[:0]
+}
