@@ -1,0 +1,709 @@
+package netparse
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+)
+
+// ErrHTTP marks a request carbd cannot frame unambiguously; the rest of
+// the connection is then one opaque effect.
+var ErrHTTP = errors.New("netparse: malformed http request")
+
+// Header is one header (or trailer) field; both slices are views.
+type Header struct {
+	Name, Value []byte
+}
+
+// HTTPRequest is one HTTP/1.x request. Its slices are views into the
+// flow's buffer or the parser's body buffer.
+type HTTPRequest struct {
+	Method, Target, Version []byte
+	// Host is the authority of the absolute-form target, else the Host
+	// header, as sent (it may carry a port).
+	Host []byte
+	// UserInfo is the userinfo of an absolute-form target ("user:pass").
+	UserInfo []byte
+	// Path and Query split an origin-form or absolute-form target; Query
+	// excludes the '?'.
+	Path, Query []byte
+	Headers     []Header
+	Trailers    []Header
+	// Body is the body after dechunking, at most Config.MaxBodyBytes.
+	Body []byte
+	// BodyLen is the declared Content-Length, or for a chunked body the
+	// length decoded (up to where carbd stopped reading).
+	BodyLen int64
+	Chunked bool
+	// Truncated says the body exceeded MaxBodyBytes: Body holds its start.
+	Truncated bool
+	// Tunnel says what follows the request is not HTTP (CONNECT, or an
+	// Upgrade the server may accept).
+	Tunnel bool
+	// HeadOnly says this effect is the head alone: its body comes as a
+	// later effect (Expect: 100-continue, or the body was late).
+	HeadOnly bool
+	// BodyOnly says this effect is the body of a request whose head was an
+	// earlier effect; the head fields are copied from it.
+	BodyOnly bool
+}
+
+func (r *HTTPRequest) reset() {
+	h, t := r.Headers[:0], r.Trailers[:0]
+	*r = HTTPRequest{Headers: h, Trailers: t}
+}
+
+const (
+	maxMethodLen  = 32
+	maxHeaderN    = 128
+	maxLeadBlanks = 4
+	maxChunkLine  = 1024
+)
+
+var tchar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+		t[c-'a'+'A'] = true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return
+}()
+
+// methodChar is what carbd accepts in a method: the registered methods
+// use uppercase letters and '-'. Other tokens (legal but unused) make the
+// stream opaque, which also tells other protocols apart early ("SSH-2.0").
+var methodChar = func() (t [256]bool) {
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = true
+	}
+	t['-'], t['_'] = true, true
+	return
+}()
+
+// skipBlankLines returns how many leading bytes are empty lines (CRLF or
+// LF) a server ignores before a request line (RFC 9112 §2.2), or -1 if
+// there are too many.
+func skipBlankLines(b []byte) int {
+	n := 0
+	for i := 0; i < maxLeadBlanks; i++ {
+		switch {
+		case bytes.HasPrefix(b[n:], []byte("\r\n")):
+			n += 2
+		case bytes.HasPrefix(b[n:], []byte("\n")):
+			n++
+		default:
+			return n
+		}
+	}
+	if bytes.HasPrefix(b[n:], []byte("\n")) || bytes.HasPrefix(b[n:], []byte("\r\n")) {
+		return -1
+	}
+	return n
+}
+
+// httpPrefixOK reports whether b can be the start of an HTTP/1.x request
+// (b may end anywhere, even before the end of the request line).
+func httpPrefixOK(b []byte) bool {
+	lead := skipBlankLines(b)
+	if lead < 0 {
+		return false
+	}
+	b = b[lead:]
+	if len(b) == 0 || len(b) == 1 && b[0] == '\r' {
+		return true // nothing yet, or half of an empty line
+	}
+	i := 0
+	for i < len(b) && methodChar[b[i]] {
+		i++
+	}
+	if i == len(b) {
+		return i <= maxMethodLen
+	}
+	if i == 0 || i > maxMethodLen || b[i] != ' ' {
+		return false
+	}
+	i++
+	j := i
+	for j < len(b) && b[j] > ' ' && b[j] != 0x7f {
+		j++
+	}
+	if j == len(b) {
+		return true
+	}
+	if j == i || b[j] != ' ' {
+		return false
+	}
+	v := b[j+1:]
+	const want = "HTTP/1."
+	n := min(len(v), len(want))
+	if string(v[:n]) != want[:n] {
+		return false
+	}
+	if len(v) <= len(want) {
+		return true
+	}
+	if v[7] != '0' && v[7] != '1' {
+		return false
+	}
+	rest := v[8:]
+	switch {
+	case len(rest) == 0, rest[0] == '\n':
+		return true
+	case rest[0] == '\r':
+		return len(rest) == 1 || rest[1] == '\n'
+	}
+	return false
+}
+
+// Request framing.
+const (
+	frameNone    = iota // no body
+	frameLength         // Content-Length
+	frameChunked        // Transfer-Encoding: chunked
+)
+
+// reqScan follows one request as its bytes arrive, without keeping views:
+// offsets only, so the flow's buffer may move between packets.
+type reqScan struct {
+	lead    int // empty lines before the request line
+	lineAt  int // start of the head line not complete yet
+	headLen int // 0 until the head is complete; includes lead
+	framing uint8
+	length  int64
+	expect  bool // Expect: 100-continue
+	tunnel  bool
+	chunk   chunkScan
+	// bodyOnly: the head was emitted as its own effect; the scan continues
+	// over the body, which starts at offset 0.
+	bodyOnly bool
+}
+
+type scanStatus uint8
+
+const (
+	scanMore     scanStatus = iota // need more bytes
+	scanDone                       // n is the request's length
+	scanBad                        // malformed: err says why
+	scanHeadBig                    // the head exceeds MaxHeaderBytes
+	scanBodyBig                    // the body exceeds the limits; n is the request's length or -1 if unknown
+	scanHeadDone                   // head complete, body pending (only when asked to stop at the head)
+)
+
+// advance looks at b, the request's bytes received so far (contiguous from
+// its start), and says whether the request is complete.
+func (s *reqScan) advance(b []byte, cfg *Config, req *HTTPRequest) (scanStatus, int64, error) {
+	if s.headLen == 0 && !s.bodyOnly {
+		if s.lineAt == 0 {
+			lead := skipBlankLines(b)
+			if lead < 0 {
+				return scanBad, 0, fmt.Errorf("%w: more than %d empty lines before the request line", ErrHTTP, maxLeadBlanks)
+			}
+			s.lead, s.lineAt = lead, lead
+		}
+		for s.headLen == 0 {
+			j := bytes.IndexByte(b[s.lineAt:], '\n')
+			if j < 0 {
+				if s.lineAt == s.lead && !httpPrefixOK(b) {
+					return scanBad, 0, fmt.Errorf("%w: request line %q", ErrHTTP, clip(b[s.lead:], 64))
+				}
+				if len(b) >= cfg.MaxHeaderBytes {
+					return scanHeadBig, 0, nil
+				}
+				return scanMore, 0, nil
+			}
+			line := b[s.lineAt : s.lineAt+j]
+			if s.lineAt == s.lead && !httpPrefixOK(b[:s.lineAt+j+1]) {
+				return scanBad, 0, fmt.Errorf("%w: request line %q", ErrHTTP, clip(line, 64))
+			}
+			if s.lineAt > s.lead && (len(line) == 0 || (len(line) == 1 && line[0] == '\r')) {
+				s.headLen = s.lineAt + j + 1
+				break
+			}
+			s.lineAt += j + 1
+			if s.lineAt > cfg.MaxHeaderBytes {
+				return scanHeadBig, 0, nil
+			}
+		}
+		if s.headLen > cfg.MaxHeaderBytes {
+			return scanHeadBig, 0, nil
+		}
+		req.reset()
+		if err := parseHead(b[s.lead:s.headLen], req); err != nil {
+			return scanBad, 0, err
+		}
+		s.framing, s.length, s.expect, s.tunnel = headFraming(req)
+	}
+	if s.tunnel {
+		return scanDone, int64(s.headLen), nil
+	}
+	body := b[s.headLen:]
+	switch s.framing {
+	case frameNone:
+		return scanDone, int64(s.headLen), nil
+	case frameLength:
+		total := int64(s.headLen) + s.length
+		if int64(len(body)) >= s.length {
+			return scanDone, total, nil
+		}
+		if s.length > int64(cfg.MaxBodyBytes) && len(body) >= cfg.MaxBodyBytes {
+			return scanBodyBig, total, nil
+		}
+		return scanMore, 0, nil
+	case frameChunked:
+		end, err := s.chunk.scan(body, nil, 0)
+		switch {
+		case err != nil:
+			return scanBad, 0, err
+		case end >= 0:
+			if s.chunk.decoded > int64(cfg.MaxBodyBytes) {
+				return scanBodyBig, int64(s.headLen + end), nil
+			}
+			return scanDone, int64(s.headLen + end), nil
+		case s.chunk.decoded > int64(cfg.MaxBodyBytes) || s.chunk.pos > cfg.MaxBodyBytes+cfg.MaxHeaderBytes:
+			return scanBodyBig, -1, nil
+		}
+		return scanMore, 0, nil
+	}
+	return scanBad, 0, fmt.Errorf("%w: unknown framing", ErrHTTP)
+}
+
+// headFraming reads how the body is framed from a parsed head.
+func headFraming(req *HTTPRequest) (framing uint8, length int64, expect, tunnel bool) {
+	if req.Tunnel {
+		return frameNone, 0, false, true
+	}
+	for _, h := range req.Headers {
+		if bytes.EqualFold(h.Name, []byte("expect")) && bytes.EqualFold(bytes.TrimSpace(h.Value), []byte("100-continue")) {
+			expect = true
+		}
+	}
+	switch {
+	case req.Chunked:
+		return frameChunked, 0, expect, false
+	case req.BodyLen > 0:
+		return frameLength, req.BodyLen, expect, false
+	}
+	return frameNone, 0, false, false
+}
+
+// parseHead parses a request head (request line, header fields, the empty
+// line) into req. It refuses what servers may read differently: bare CR,
+// obs-fold, whitespace before a colon, several Host headers, conflicting
+// Content-Length values, Content-Length with Transfer-Encoding, a
+// transfer coding that does not end in chunked.
+func parseHead(head []byte, req *HTTPRequest) error {
+	line, rest, err := nextLine(head)
+	if err != nil {
+		return err
+	}
+	sp1 := bytes.IndexByte(line, ' ')
+	if sp1 <= 0 {
+		return fmt.Errorf("%w: request line %q", ErrHTTP, clip(line, 64))
+	}
+	sp2 := bytes.IndexByte(line[sp1+1:], ' ')
+	if sp2 <= 0 {
+		return fmt.Errorf("%w: request line %q", ErrHTTP, clip(line, 64))
+	}
+	sp2 += sp1 + 1
+	req.Method, req.Target, req.Version = line[:sp1], line[sp1+1:sp2], line[sp2+1:]
+	for _, c := range req.Method {
+		if !methodChar[c] {
+			return fmt.Errorf("%w: method %q", ErrHTTP, clip(req.Method, 32))
+		}
+	}
+	if len(req.Method) > maxMethodLen {
+		return fmt.Errorf("%w: method longer than %d bytes", ErrHTTP, maxMethodLen)
+	}
+	if string(req.Version) != "HTTP/1.1" && string(req.Version) != "HTTP/1.0" {
+		return fmt.Errorf("%w: version %q", ErrHTTP, clip(req.Version, 32))
+	}
+	for _, c := range req.Target {
+		if c <= ' ' || c == 0x7f || c == '#' {
+			return fmt.Errorf("%w: request target %q", ErrHTTP, clip(req.Target, 64))
+		}
+	}
+	if err := splitTarget(req); err != nil {
+		return err
+	}
+	var hosts, cls, tes int
+	var te, hostHeader []byte
+	var upgrade, connUpgrade bool
+	for len(rest) > 0 {
+		line, rest, err = nextLine(rest)
+		if err != nil {
+			return err
+		}
+		if len(line) == 0 {
+			if len(rest) != 0 {
+				return fmt.Errorf("%w: bytes after the end of the head", ErrHTTP)
+			}
+			break
+		}
+		h, err := parseField(line)
+		if err != nil {
+			return err
+		}
+		if len(req.Headers) >= maxHeaderN {
+			return fmt.Errorf("%w: more than %d header fields", ErrHTTP, maxHeaderN)
+		}
+		req.Headers = append(req.Headers, h)
+		switch {
+		case bytes.EqualFold(h.Name, []byte("host")):
+			hosts++
+			hostHeader = h.Value
+		case bytes.EqualFold(h.Name, []byte("content-length")):
+			n, err := parseContentLength(h.Value)
+			if err != nil {
+				return err
+			}
+			if cls > 0 && n != req.BodyLen {
+				return fmt.Errorf("%w: conflicting Content-Length values %d and %d", ErrHTTP, req.BodyLen, n)
+			}
+			req.BodyLen = n
+			cls++
+		case bytes.EqualFold(h.Name, []byte("transfer-encoding")):
+			tes++
+			te = h.Value
+		case bytes.EqualFold(h.Name, []byte("upgrade")):
+			upgrade = true
+		case bytes.EqualFold(h.Name, []byte("connection")):
+			if containsToken(h.Value, "upgrade") {
+				connUpgrade = true
+			}
+		}
+	}
+	if hosts > 1 {
+		return fmt.Errorf("%w: %d Host header fields", ErrHTTP, hosts)
+	}
+	if req.Host == nil {
+		// Origin-form: the Host header names the target. An absolute-form
+		// or CONNECT target overrides it (RFC 9112 §3.2.2).
+		req.Host = hostHeader
+	}
+	if tes > 0 {
+		switch {
+		case tes > 1:
+			return fmt.Errorf("%w: several Transfer-Encoding fields", ErrHTTP)
+		case cls > 0:
+			return fmt.Errorf("%w: both Content-Length and Transfer-Encoding", ErrHTTP)
+		case string(req.Version) == "HTTP/1.0":
+			return fmt.Errorf("%w: Transfer-Encoding in an HTTP/1.0 request", ErrHTTP)
+		}
+		if err := checkChunkedLast(te); err != nil {
+			return err
+		}
+		req.Chunked = true
+	}
+	if string(req.Method) == "CONNECT" {
+		if cls > 0 && req.BodyLen > 0 || tes > 0 {
+			return fmt.Errorf("%w: CONNECT with a body", ErrHTTP)
+		}
+		req.Tunnel = true
+	}
+	if upgrade && connUpgrade {
+		req.Tunnel = true
+	}
+	return nil
+}
+
+// nextLine splits off one line ending in CRLF or LF; a CR elsewhere is an
+// error.
+func nextLine(b []byte) (line, rest []byte, err error) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return nil, nil, fmt.Errorf("%w: line without end", ErrHTTP)
+	}
+	line, rest = b[:i], b[i+1:]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	if bytes.IndexByte(line, '\r') >= 0 {
+		return nil, nil, fmt.Errorf("%w: bare CR in %q", ErrHTTP, clip(line, 64))
+	}
+	return line, rest, nil
+}
+
+// parseField parses "name: value" (RFC 9110 §5).
+func parseField(line []byte) (Header, error) {
+	if line[0] == ' ' || line[0] == '\t' {
+		return Header{}, fmt.Errorf("%w: obsolete line folding", ErrHTTP)
+	}
+	i := bytes.IndexByte(line, ':')
+	if i <= 0 {
+		return Header{}, fmt.Errorf("%w: header line %q", ErrHTTP, clip(line, 64))
+	}
+	name := line[:i]
+	for _, c := range name {
+		if !tchar[c] {
+			return Header{}, fmt.Errorf("%w: header name %q", ErrHTTP, clip(name, 64))
+		}
+	}
+	v := line[i+1:]
+	for _, c := range v {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return Header{}, fmt.Errorf("%w: control byte %#x in header %q", ErrHTTP, c, clip(name, 64))
+		}
+	}
+	return Header{Name: name, Value: bytes.Trim(v, " \t")}, nil
+}
+
+func parseContentLength(v []byte) (int64, error) {
+	// A list of identical values ("5, 5") is accepted (RFC 9110 §8.6).
+	var n int64 = -1
+	for part := range bytes.SplitSeq(v, []byte(",")) {
+		part = bytes.Trim(part, " \t")
+		if len(part) == 0 || len(part) > 18 {
+			return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clip(v, 32))
+		}
+		var x int64
+		for _, c := range part {
+			if c < '0' || c > '9' {
+				return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clip(v, 32))
+			}
+			x = x*10 + int64(c-'0')
+		}
+		if n >= 0 && x != n {
+			return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clip(v, 32))
+		}
+		n = x
+	}
+	return n, nil
+}
+
+// checkChunkedLast accepts a transfer-coding list whose last coding is
+// chunked and that has chunked only once.
+func checkChunkedLast(v []byte) error {
+	count, last := 0, false
+	for part := range bytes.SplitSeq(v, []byte(",")) {
+		part = bytes.Trim(part, " \t")
+		if i := bytes.IndexByte(part, ';'); i >= 0 {
+			part = bytes.TrimRight(part[:i], " \t")
+		}
+		last = bytes.EqualFold(part, []byte("chunked"))
+		if last {
+			count++
+		}
+	}
+	if !last || count != 1 {
+		return fmt.Errorf("%w: Transfer-Encoding %q does not end in chunked", ErrHTTP, clip(v, 64))
+	}
+	return nil
+}
+
+func containsToken(v []byte, tok string) bool {
+	for part := range bytes.SplitSeq(v, []byte(",")) {
+		if bytes.EqualFold(bytes.Trim(part, " \t"), []byte(tok)) {
+			return true
+		}
+	}
+	return false
+}
+
+// splitTarget fills Path, Query, Host and UserInfo from the request
+// target (RFC 9112 §3.2).
+func splitTarget(req *HTTPRequest) error {
+	t := req.Target
+	switch {
+	case string(req.Method) == "CONNECT":
+		if bytes.IndexByte(t, '/') >= 0 || bytes.IndexByte(t, ':') < 0 {
+			return fmt.Errorf("%w: CONNECT target %q is not host:port", ErrHTTP, clip(t, 64))
+		}
+		req.Host = t
+		return nil
+	case t[0] == '/':
+		req.Path, req.Query = splitQuery(t)
+		return nil
+	case len(t) == 1 && t[0] == '*':
+		if string(req.Method) != "OPTIONS" {
+			return fmt.Errorf("%w: target * with method %q", ErrHTTP, req.Method)
+		}
+		req.Path = t
+		return nil
+	}
+	i := bytes.Index(t, []byte("://"))
+	if i <= 0 {
+		return fmt.Errorf("%w: request target %q", ErrHTTP, clip(t, 64))
+	}
+	for _, c := range t[:i] {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.') {
+			return fmt.Errorf("%w: scheme %q", ErrHTTP, clip(t[:i], 32))
+		}
+	}
+	auth := t[i+3:]
+	end := len(auth)
+	if j := bytes.IndexAny(auth, "/?"); j >= 0 {
+		end = j
+	}
+	auth, rest := auth[:end], auth[end:]
+	if at := bytes.LastIndexByte(auth, '@'); at >= 0 {
+		req.UserInfo, auth = auth[:at], auth[at+1:]
+	}
+	if len(auth) == 0 {
+		return fmt.Errorf("%w: absolute target %q without a host", ErrHTTP, clip(t, 64))
+	}
+	req.Host = auth
+	if len(rest) == 0 {
+		req.Path = []byte("/")
+		return nil
+	}
+	if rest[0] == '?' {
+		req.Path = []byte("/")
+		req.Query = rest[1:]
+		return nil
+	}
+	req.Path, req.Query = splitQuery(rest)
+	return nil
+}
+
+func splitQuery(t []byte) (path, query []byte) {
+	if i := bytes.IndexByte(t, '?'); i >= 0 {
+		return t[:i], t[i+1:]
+	}
+	return t, nil
+}
+
+// Chunk scanner states.
+const (
+	chSize = iota
+	chData
+	chDataEnd
+	chTrailer
+)
+
+// chunkScan walks a chunked body (RFC 9112 §7.1) incrementally.
+type chunkScan struct {
+	pos       int // where scanning resumes, relative to the body start
+	trailerAt int // where the trailer section starts
+	state     uint8
+	remain    int64
+	decoded   int64
+}
+
+// scan advances over body. It returns the body's length once the last
+// chunk and the trailer section are complete, -1 if more bytes are
+// needed. With dst, it appends the decoded data, up to limit bytes.
+func (c *chunkScan) scan(body []byte, dst *[]byte, limit int) (int, error) {
+	for {
+		switch c.state {
+		case chSize:
+			j := bytes.IndexByte(body[c.pos:], '\n')
+			if j < 0 {
+				if len(body)-c.pos > maxChunkLine {
+					return 0, fmt.Errorf("%w: chunk size line longer than %d bytes", ErrHTTP, maxChunkLine)
+				}
+				return -1, nil
+			}
+			line := body[c.pos : c.pos+j]
+			if len(line) == 0 || line[len(line)-1] != '\r' {
+				return 0, fmt.Errorf("%w: chunk size line not ended by CRLF", ErrHTTP)
+			}
+			line = line[:len(line)-1]
+			var size int64
+			k := 0
+			for ; k < len(line); k++ {
+				v := unhex(line[k])
+				if v < 0 {
+					break
+				}
+				if k >= 15 {
+					return 0, fmt.Errorf("%w: chunk size too long", ErrHTTP)
+				}
+				size = size<<4 | int64(v)
+			}
+			if k == 0 || k < len(line) && line[k] != ';' {
+				return 0, fmt.Errorf("%w: chunk size %q", ErrHTTP, clip(line, 32))
+			}
+			for _, ch := range line[k:] {
+				if ch < ' ' && ch != '\t' || ch == 0x7f {
+					return 0, fmt.Errorf("%w: control byte in chunk extension", ErrHTTP)
+				}
+			}
+			c.pos += j + 1
+			if size == 0 {
+				c.state, c.trailerAt = chTrailer, c.pos
+			} else {
+				c.state, c.remain = chData, size
+			}
+		case chData:
+			avail := int64(len(body) - c.pos)
+			n := min(avail, c.remain)
+			if dst != nil {
+				if room := int64(limit - len(*dst)); room > 0 {
+					*dst = append(*dst, body[c.pos:c.pos+int(min(n, room))]...)
+				}
+			}
+			c.pos += int(n)
+			c.remain -= n
+			c.decoded += n
+			if c.remain > 0 {
+				return -1, nil
+			}
+			c.state = chDataEnd
+		case chDataEnd:
+			if len(body)-c.pos < 2 {
+				return -1, nil
+			}
+			if body[c.pos] != '\r' || body[c.pos+1] != '\n' {
+				return 0, fmt.Errorf("%w: chunk data not followed by CRLF", ErrHTTP)
+			}
+			c.pos += 2
+			c.state = chSize
+		case chTrailer:
+			j := bytes.IndexByte(body[c.pos:], '\n')
+			if j < 0 {
+				return -1, nil
+			}
+			line := body[c.pos : c.pos+j]
+			if len(line) == 0 || line[len(line)-1] != '\r' {
+				return 0, fmt.Errorf("%w: trailer line not ended by CRLF", ErrHTTP)
+			}
+			c.pos += j + 1
+			if len(line) == 1 {
+				return c.pos, nil
+			}
+			if _, err := parseField(line[:len(line)-1]); err != nil {
+				return 0, err
+			}
+		}
+	}
+}
+
+func unhex(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	case c >= 'A' && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// trailers parses the trailer section (body[from:]) of a complete
+// chunked body into req.Trailers.
+func trailers(section []byte, req *HTTPRequest) {
+	for {
+		line, r, err := nextLine(section)
+		if err != nil || len(line) == 0 {
+			return
+		}
+		if h, err := parseField(line); err == nil {
+			req.Trailers = append(req.Trailers, h)
+		}
+		section = r
+	}
+}
+
+// clip shortens b for an error message.
+func clip(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
+	}
+	return b
+}
