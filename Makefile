@@ -9,7 +9,7 @@ APT_PKGS := clang-14 llvm-14 libbpf-dev bpftool iptables nftables iperf3 \
             iproute2 kmod ca-certificates make
 BIN      := bin/carbd
 
-.PHONY: all setup build test test-short bench demo generate check-generated fuzz clean
+.PHONY: all setup build test test-short bench demo generate check-generated fuzz clean vmimage
 
 all: build
 
@@ -56,6 +56,10 @@ fuzz:
 	  for f in $$($(GO) test -list 'Fuzz.*' $$p 2>/dev/null | grep ^Fuzz); do \
 	    echo "== $$p $$f"; $(GO) test -run=^$$ -fuzz=^$$f$$ -fuzztime=$(FUZZTIME) $$p || exit 1; \
 	  done; done
+
+## vmimage: the guest image (kernel, initramfs, vmlinux) in vmimage/out/
+vmimage:
+	$(MAKE) -C vmimage GO=$(GO)
 
 clean:
 	rm -rf bin

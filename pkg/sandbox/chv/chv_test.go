@@ -1,0 +1,458 @@
+package chv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/carbd/carbd/pkg/ctrl"
+	"github.com/google/go-cmp/cmp"
+)
+
+func fullConfig() Config {
+	return Config{
+		APISocket: "/run/carbd/vm1/api.sock",
+		Kernel:    "/img/vmlinux",
+		Initramfs: "/img/initramfs.cpio.gz",
+		Net: &Net{
+			Tap:     "cbtap0",
+			Addr:    netip.MustParsePrefix("10.77.0.2/30"),
+			Gateway: netip.MustParseAddr("10.77.0.1"),
+			DNS:     netip.MustParseAddr("10.77.0.1"),
+		},
+		FS:        &FS{Socket: "/run/carbd/vm1/vfs.sock"},
+		Vsock:     Vsock{CID: 3, Socket: "/run/carbd/vm1/vsock.sock"},
+		SerialLog: "/var/log/carbd/vm1.console",
+	}
+}
+
+func TestArgsGolden(t *testing.T) {
+	got, err := fullConfig().Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"--api-socket", "path=/run/carbd/vm1/api.sock",
+		"--kernel", "/img/vmlinux",
+		"--initramfs", "/img/initramfs.cpio.gz",
+		"--cmdline", "console=ttyS0 panic=-1 quiet carbd.ip=10.77.0.2/30 carbd.gw=10.77.0.1 carbd.dns=10.77.0.1 carbd.fs=work carbd.fsdir=/work carbd.vsock=1024",
+		"--cpus", "boot=1",
+		"--memory", "size=512M,shared=on",
+		"--net", "tap=cbtap0,mac=52:54:00:ca:4b:01",
+		"--fs", "tag=work,socket=/run/carbd/vm1/vfs.sock",
+		"--vsock", "cid=3,socket=/run/carbd/vm1/vsock.sock",
+		"--serial", "file=/var/log/carbd/vm1.console",
+		"--console", "off",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("argv (-want +got):\n%s", diff)
+	}
+	if _, err := parseCHArgs(got); err == nil || !strings.Contains(err.Error(), "not an ELF") {
+		// The fake's parser accepts the argv up to the kernel file,
+		// which does not exist here.
+		t.Errorf("the fake's strict parser: %v", err)
+	}
+}
+
+func TestArgsGoldenHostAddrNoFS(t *testing.T) {
+	c := fullConfig()
+	c.FS = nil
+	c.CPUs, c.MemoryMiB = 2, 1024
+	c.Vsock = Vsock{CID: 42, Socket: "/v.sock", Port: 5000}
+	c.Net.HostAddr = netip.MustParsePrefix("10.77.0.1/30")
+	c.Verbose = true
+	got, err := c.Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"--api-socket", "path=/run/carbd/vm1/api.sock",
+		"--kernel", "/img/vmlinux",
+		"--initramfs", "/img/initramfs.cpio.gz",
+		"--cmdline", "console=ttyS0 panic=-1 carbd.ip=10.77.0.2/30 carbd.gw=10.77.0.1 carbd.dns=10.77.0.1 carbd.vsock=5000",
+		"--cpus", "boot=2",
+		"--memory", "size=1024M,shared=on",
+		"--net", "tap=cbtap0,ip=10.77.0.1,mask=255.255.255.252,mac=52:54:00:ca:4b:01",
+		"--vsock", "cid=42,socket=/v.sock",
+		"--serial", "file=/var/log/carbd/vm1.console",
+		"--console", "off",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("argv (-want +got):\n%s", diff)
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	for name, mut := range map[string]func(*Config){
+		"no api socket":      func(c *Config) { c.APISocket = "" },
+		"comma in socket":    func(c *Config) { c.APISocket = "/a,b" },
+		"relative kernel":    func(c *Config) { c.Kernel = "vmlinux" },
+		"no initramfs":       func(c *Config) { c.Initramfs = "" },
+		"no vsock":           func(c *Config) { c.Vsock = Vsock{} },
+		"reserved cid":       func(c *Config) { c.Vsock.CID = 2 },
+		"no serial log":      func(c *Config) { c.SerialLog = "" },
+		"memory":             func(c *Config) { c.MemoryMiB = 8 },
+		"cpus":               func(c *Config) { c.CPUs = 300 },
+		"tap":                func(c *Config) { c.Net.Tap = "" },
+		"ipv6 host addr":     func(c *Config) { c.Net.HostAddr = netip.MustParsePrefix("fd00::1/64") },
+		"no guest addr":      func(c *Config) { c.Net.Addr = netip.Prefix{} },
+		"fs socket":          func(c *Config) { c.FS.Socket = "rel" },
+		"fs tag":             func(c *Config) { c.FS.Tag = "a=b" },
+		"kernel param space": func(c *Config) { c.ExtraCmdline = []string{"a b"} },
+	} {
+		c := fullConfig()
+		n, f := *c.Net, *c.FS
+		c.Net, c.FS = &n, &f
+		mut(&c)
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "chv: config: ") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// serveFake serves api on a Unix socket and returns a client for it.
+func serveFake(t *testing.T, api *fakeAPI) *Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: api}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	c := NewClient(sock)
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestClientAgainstFake(t *testing.T) {
+	api := newFakeAPI(true)
+	c := serveFake(t, api)
+	ctx := context.Background()
+
+	p, err := c.Ping(ctx)
+	if err != nil || p.Version != "48.0.0" || p.PID != int64(os.Getpid()) {
+		t.Fatalf("ping: %+v %v", p, err)
+	}
+	state := func(want VMState) {
+		t.Helper()
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatalf("info: %v", err)
+		}
+		if info.State != want || info.MemoryActualSize != 536870912 || info.DeviceTree["_fs0"].PCIBDF != "0000:00:03.0" {
+			t.Fatalf("info %+v, want state %s", info, want)
+		}
+	}
+	state(StateRunning)
+	if err := c.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	state(StatePaused)
+	if err := c.Pause(ctx); !errors.Is(err, ErrWrongState) || !strings.Contains(err.Error(), "VM is Paused") {
+		t.Fatalf("pause a paused VM: %v, want ErrWrongState with the body", err)
+	}
+	if err := c.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Resume(ctx); !errors.Is(err, ErrWrongState) {
+		t.Fatalf("resume a running VM: %v", err)
+	}
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	state(StateShutdown)
+	if err := c.PowerButton(ctx); !errors.Is(err, ErrWrongState) {
+		t.Fatalf("power button on a shut down VM: %v", err)
+	}
+	if err := c.ShutdownVMM(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	want := []string{
+		"GET /api/v1/vmm.ping",
+		"GET /api/v1/vm.info",
+		"PUT /api/v1/vm.pause",
+		"GET /api/v1/vm.info",
+		"PUT /api/v1/vm.pause",
+		"PUT /api/v1/vm.resume",
+		"PUT /api/v1/vm.resume",
+		"PUT /api/v1/vm.shutdown",
+		"GET /api/v1/vm.info",
+		"PUT /api/v1/vm.power-button",
+		"PUT /api/v1/vmm.shutdown",
+	}
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if diff := cmp.Diff(want, api.requests); diff != "" {
+		t.Errorf("requests (-want +got):\n%s", diff)
+	}
+	if len(api.violations) > 0 {
+		t.Errorf("contract violations: %q", api.violations)
+	}
+}
+
+func TestClientNotCreated(t *testing.T) {
+	c := serveFake(t, newFakeAPI(false))
+	ctx := context.Background()
+	if _, err := c.Info(ctx); !errors.Is(err, ErrNotCreated) {
+		t.Errorf("info: %v", err)
+	}
+	for name, f := range map[string]func(context.Context) error{"pause": c.Pause, "resume": c.Resume, "shutdown": c.Shutdown} {
+		if err := f(ctx); !errors.Is(err, ErrNotCreated) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+func TestFakeRejectsContractBreaches(t *testing.T) {
+	// The fake is strict: the same requests with a wrong method, a body,
+	// an unknown endpoint are refused and recorded.
+	api := newFakeAPI(true)
+	c := serveFake(t, api)
+	do := func(method, path, body string) int {
+		req, _ := http.NewRequest(method, "http://localhost"+path, strings.NewReader(body))
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, r := range [][3]string{
+		{"GET", "/api/v1/vm.pause", ""},
+		{"PUT", "/api/v1/vm.pause", `{"x":1}`},
+		{"POST", "/api/v1/vm.resume", ""},
+		{"PUT", "/api/v1/vm.boom", ""},
+		{"GET", "/api/v2/vmm.ping", ""},
+	} {
+		if got := do(r[0], r[1], r[2]); got != http.StatusBadRequest {
+			t.Errorf("%s %s: status %d, want 400", r[0], r[1], got)
+		}
+	}
+	if len(api.violations) != 5 {
+		t.Errorf("violations %q", api.violations)
+	}
+	if api.state != StateRunning {
+		t.Errorf("a refused request changed the state to %s", api.state)
+	}
+}
+
+func TestClientUnexpectedStatus(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "vmm.ping") {
+			io.WriteString(w, `{"build_version":"x"}`) // no version: not the schema
+			return
+		}
+		http.Error(w, "internal failure", http.StatusInternalServerError)
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	c := NewClient(sock)
+	defer c.Close()
+	if err := c.Pause(context.Background()); !errors.Is(err, ErrAPI) || !strings.Contains(err.Error(), "internal failure") {
+		t.Errorf("500: %v", err)
+	}
+	if _, err := c.Ping(context.Background()); !errors.Is(err, ErrAPI) {
+		t.Errorf("ping without version: %v", err)
+	}
+	c2 := NewClient(filepath.Join(t.TempDir(), "none.sock"))
+	if _, err := c2.Ping(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "chv: ") {
+		t.Errorf("no socket: %v", err)
+	}
+}
+
+func TestDialVsock(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "v.sock")
+	echo := func(c net.Conn, r *bufio.Reader) {
+		defer c.Close()
+		c.Write([]byte("early bytes\n")) // right after OK, possibly in one segment
+		line, _ := r.ReadString('\n')
+		c.Write([]byte("echo: " + line))
+	}
+	fv, err := startFakeVsock(sock, 1024, echo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fv.ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	c, err := DialVsock(ctx, sock, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.HostPort != 1<<30+1 {
+		t.Errorf("host port %d", c.HostPort)
+	}
+	c.Write([]byte("ping\n"))
+	got, _ := io.ReadAll(c)
+	if string(got) != "early bytes\necho: ping\n" {
+		t.Errorf("stream %q", got)
+	}
+	if _, err := DialVsock(ctx, sock, 77); !errors.Is(err, ErrVsockRefused) {
+		t.Errorf("port nobody listens on: %v, want ErrVsockRefused", err)
+	}
+	if diff := cmp.Diff([]string{"CONNECT 1024\n", "CONNECT 77\n"}, fv.Lines()); diff != "" {
+		t.Errorf("handshake lines (-want +got):\n%s", diff)
+	}
+}
+
+func TestDialVsockBadAnswers(t *testing.T) {
+	for _, answer := range []string{"NOPE\n", "OK\n", "OK x\n", "OK 99999999999\n", "ok 5\n"} {
+		sock := filepath.Join(t.TempDir(), "v.sock")
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			bufio.NewReader(c).ReadString('\n')
+			io.WriteString(c, answer)
+			c.Close()
+		}()
+		_, err = DialVsock(context.Background(), sock, 1024)
+		if err == nil || errors.Is(err, ErrVsockRefused) || !strings.HasPrefix(err.Error(), "chv: vsock") {
+			t.Errorf("answer %q: %v", answer, err)
+		}
+		ln.Close()
+	}
+	// A context that ends during the handshake.
+	sock := filepath.Join(t.TempDir(), "v.sock")
+	ln, _ := net.Listen("unix", sock)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			defer c.Close()
+			io.Copy(io.Discard, c) // never answers
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := DialVsock(ctx, sock, 1024); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("silent peer: %v", err)
+	}
+}
+
+// TestStartAgainstFakeBinary runs Start on the re-executed fake
+// cloud-hypervisor: it parses the argv Args built as the documentation
+// says, serves the API and the hybrid vsock; the control protocol runs
+// over the vsock and Stop ends the process through vmm.shutdown.
+func TestStartAgainstFakeBinary(t *testing.T) {
+	t.Setenv("CARBD_FAKE_CHV", "1")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	initrd := filepath.Join(dir, "initramfs.cpio.gz")
+	os.WriteFile(initrd, []byte("x"), 0o644)
+	cfg := fullConfig()
+	cfg.Binary = self
+	cfg.Kernel = self // an ELF file
+	cfg.Initramfs = initrd
+	cfg.APISocket = filepath.Join(dir, "api.sock")
+	cfg.Vsock.Socket = filepath.Join(dir, "vsock.sock")
+	cfg.FS.Socket = filepath.Join(dir, "vfs.sock")
+	cfg.SerialLog = filepath.Join(dir, "serial.log")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	vm, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vm.Kill() })
+	if vm.Version != "48.0.0" {
+		t.Errorf("version %q", vm.Version)
+	}
+	if err := vm.API.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.API.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	vc, err := vm.DialCtrl(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := ctrl.NewConn(vc)
+	if _, err := conn.RecvHello(); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Send(&ctrl.Task{ID: "c1", Text: "over vsock", Argv: []string{"agent"}}); err != nil {
+		t.Fatal(err)
+	}
+	var res *ctrl.Result
+	for res == nil {
+		m, err := conn.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, _ = m.(*ctrl.Result)
+	}
+	if res.Text != "did: over vsock" {
+		t.Errorf("result %+v", res)
+	}
+	conn.Send(&ctrl.Shutdown{})
+	conn.Close()
+
+	if err := vm.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Wait(); err != nil {
+		t.Errorf("exit: %v (%s)", err, vm.Output())
+	}
+	if vm.cmd.ProcessState.ExitCode() != 0 {
+		t.Errorf("the fake exited %d, not through vmm.shutdown: %s", vm.cmd.ProcessState.ExitCode(), vm.Output())
+	}
+}
+
+func TestStartRefusesBzImage(t *testing.T) {
+	dir := t.TempDir()
+	k := filepath.Join(dir, "vmlinuz")
+	os.WriteFile(k, []byte("MZ\x00\x00bzImage"), 0o644)
+	cfg := fullConfig()
+	cfg.Kernel = k
+	if _, err := Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "not an ELF vmlinux") {
+		t.Fatalf("Start with a bzImage: %v", err)
+	}
+}
+
+func TestStartReportsExit(t *testing.T) {
+	// The fake refuses a command line without --vsock... which Args never
+	// builds; an extra unknown argument stands in for a refused option.
+	t.Setenv("CARBD_FAKE_CHV", "1")
+	self, _ := os.Executable()
+	dir := t.TempDir()
+	cfg := fullConfig()
+	cfg.Binary, cfg.Kernel, cfg.Initramfs = self, self, self
+	cfg.APISocket = filepath.Join(dir, "api.sock")
+	cfg.Vsock.Socket = filepath.Join(dir, "vsock.sock")
+	cfg.ExtraArgs = []string{"--bogus", "1"}
+	_, err := Start(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), `unknown argument "--bogus"`) {
+		t.Fatalf("Start: %v, want the VMM's message", err)
+	}
+}

@@ -1,0 +1,70 @@
+package qemu
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Tap is a persistent tap device that QEMU attaches to by name. carbd's
+// TC program and netfilter rules go on it: guest-to-world traffic is
+// ingress here.
+type Tap struct {
+	Name  string
+	Index int
+	// Addr is the host side's address (the guest's gateway), if any.
+	Addr netip.Prefix
+}
+
+// CreateTap creates the tap device name (IFF_TAP, IFF_NO_PI, one queue),
+// gives it addr when valid, and sets it up. Delete removes it.
+func CreateTap(name string, addr netip.Prefix) (_ *Tap, err error) {
+	la := netlink.NewLinkAttrs()
+	la.Name = name
+	tap := &netlink.Tuntap{
+		LinkAttrs: la,
+		Mode:      netlink.TUNTAP_MODE_TAP,
+		Flags:     netlink.TUNTAP_DEFAULTS | netlink.TUNTAP_NO_PI,
+	}
+	if err := netlink.LinkAdd(tap); err != nil {
+		return nil, fmt.Errorf("qemu: create tap %s: %w", name, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = netlink.LinkDel(tap)
+		}
+	}()
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: tap %s: %w", name, err)
+	}
+	if addr.IsValid() {
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), addr.Addr().BitLen())}}
+		if err := netlink.AddrAdd(link, a); err != nil {
+			return nil, fmt.Errorf("qemu: address %v on tap %s: %w", addr, name, err)
+		}
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return nil, fmt.Errorf("qemu: tap %s up: %w", name, err)
+	}
+	return &Tap{Name: name, Index: link.Attrs().Index, Addr: addr}, nil
+}
+
+// Delete removes the tap device; one already gone is not an error.
+func (t *Tap) Delete() error {
+	link, err := netlink.LinkByName(t.Name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("qemu: tap %s: %w", t.Name, err)
+	}
+	if err := netlink.LinkDel(link); err != nil {
+		return fmt.Errorf("qemu: delete tap %s: %w", t.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,226 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/carbd/carbd/pkg/ctrl"
+)
+
+// VM is a running QEMU.
+type VM struct {
+	// Ctrl is the control channel, connected before the guest boots.
+	Ctrl *ctrl.Conn
+	// Accel is the accelerator in use and AccelReason why (from
+	// ProbeAccel when Config.Accel was empty).
+	Accel       Accel
+	AccelReason string
+	// Args is QEMU's command line (with the binary).
+	Args []string
+	// Started is when QEMU was started.
+	Started time.Time
+
+	cmd        *exec.Cmd
+	grace      time.Duration
+	consoleLog string
+	tail       *tailBuffer
+	done       chan struct{}
+	err        error // Wait's result; set before done is closed
+
+	mu      sync.Mutex // guards stopped
+	stopped bool
+}
+
+// Start probes the accelerator when cfg.Accel is empty, starts QEMU and
+// connects to its control socket. The guest's hello is the first message
+// on vm.Ctrl. ctx bounds the start only (use Stop to end the VM). QEMU
+// gets SIGKILL if the calling thread's process dies, so a guest never
+// outlives carbd.
+func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
+	reason := "configured"
+	if cfg.Accel == "" {
+		cfg.Accel, reason = ProbeAccel()
+	}
+	args, err := cfg.Args()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	for _, p := range []string{cfg.Kernel, cfg.Initrd} {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("qemu: boot image: %w", err)
+		}
+	}
+	if err := os.Remove(cfg.CtrlSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("qemu: remove stale %s: %w", cfg.CtrlSocket, err)
+	}
+	vm := &VM{
+		Accel:       cfg.Accel,
+		AccelReason: reason,
+		Args:        append([]string{cfg.Binary}, args...),
+		grace:       cfg.StopGrace,
+		consoleLog:  cfg.ConsoleLog,
+		tail:        &tailBuffer{max: 8192},
+		done:        make(chan struct{}),
+	}
+	cmd := exec.Command(cfg.Binary, args...)
+	cmd.Stdin = nil
+	cmd.Stdout = vm.tail
+	cmd.Stderr = vm.tail
+	// QEMU must not outlive carbd (fail closed), and its process group
+	// is its own so a terminal's ^C reaches carbd only.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	vm.Started = time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("qemu: start %s: %w", cfg.Binary, err)
+	}
+	vm.cmd = cmd
+	go func() {
+		werr := cmd.Wait()
+		vm.mu.Lock()
+		stopped := vm.stopped
+		vm.mu.Unlock()
+		if werr != nil && !stopped {
+			vm.err = fmt.Errorf("qemu: %w: %s", werr, bytes.TrimSpace(vm.tail.Bytes()))
+		}
+		close(vm.done)
+	}()
+	defer func() {
+		if err != nil {
+			vm.Stop()
+		}
+	}()
+
+	wait := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	conn, err := dialWhenListening(wait, cfg.CtrlSocket, vm.done)
+	if err != nil {
+		if e := vm.exitError(); e != nil {
+			return nil, e
+		}
+		return nil, fmt.Errorf("qemu: control socket: %w", err)
+	}
+	vm.Ctrl = ctrl.NewConn(conn)
+	return vm, nil
+}
+
+// exitError returns why QEMU exited when it has.
+func (vm *VM) exitError() error {
+	select {
+	case <-vm.done:
+		return fmt.Errorf("qemu: exited while starting (%v): %s", vm.cmd.ProcessState, bytes.TrimSpace(vm.tail.Bytes()))
+	default:
+		return nil
+	}
+}
+
+// dialWhenListening connects to the Unix socket path once QEMU listens on
+// it.
+func dialWhenListening(ctx context.Context, path string, exited <-chan struct{}) (net.Conn, error) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", path)
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-exited:
+			return nil, errors.New("qemu exited")
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s: %w (last: %v)", path, ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+}
+
+// PID is QEMU's process id.
+func (vm *VM) PID() int { return vm.cmd.Process.Pid }
+
+// ConsoleLog is the file the guest's serial console goes to.
+func (vm *VM) ConsoleLog() string { return vm.consoleLog }
+
+// Console returns the console log so far.
+func (vm *VM) Console() ([]byte, error) { return os.ReadFile(vm.consoleLog) }
+
+// Output is the tail of QEMU's own stdout and stderr.
+func (vm *VM) Output() []byte { return vm.tail.Bytes() }
+
+// Done is closed when QEMU has exited.
+func (vm *VM) Done() <-chan struct{} { return vm.done }
+
+// Wait waits for QEMU to exit: nil when the guest powered off (or Stop
+// ended it), else QEMU's exit error with its last output.
+func (vm *VM) Wait() error {
+	<-vm.done
+	return vm.err
+}
+
+// Stop ends QEMU: SIGTERM, then SIGKILL after the grace period. It
+// closes the control channel and returns once QEMU has exited. Stopping a
+// VM that has exited is not an error.
+func (vm *VM) Stop() error {
+	vm.mu.Lock()
+	vm.stopped = true
+	vm.mu.Unlock()
+	if vm.Ctrl != nil {
+		vm.Ctrl.Close()
+	}
+	select {
+	case <-vm.done:
+		return nil
+	default:
+	}
+	if err := vm.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("qemu: stop: %w", err)
+	}
+	select {
+	case <-vm.done:
+		return nil
+	case <-time.After(vm.grace):
+	}
+	if err := vm.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("qemu: kill: %w", err)
+	}
+	<-vm.done
+	return nil
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+var _ io.Writer = (*tailBuffer)(nil)
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) Bytes() []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return bytes.Clone(t.b)
+}
