@@ -1,9 +1,57 @@
 // Package staging is the file channel's write staging: the overlay layers
 // of the mediated working directory, the write-ahead journal with
-// pre-images, commit, abort and crash recovery.
+// pre-images, commit, abort, crash recovery and the persisted labels.
+//
+// # Layers
+//
+// W is the principal's working directory; only Commit changes it. B, the
+// overlay's lower layer, is a hard-link farm of W made when the session
+// starts (directories recreated, files hard-linked, symlinks copied) and
+// never changed afterwards: commits replace W's directory entries (new
+// inodes renamed into place) and never write into an existing inode, so
+// B's files keep their content under the mount. U is the upper layer and
+// M = overlay(B, U) the merged view exported to the guest (virtiofsd) or
+// bind-mounted into a namespace sandbox. Plan computes all of this as
+// data; Mount and Unmount are the only mount syscalls.
+//
+// # The record of what is staged
+//
+// U itself is the record: Scan walks it and compares every entry with W
+// (a stamp of the upper inode's ctime skips content already committed),
+// reporting each difference as a Change: created or written files,
+// removals (whiteouts, opaque directories, and carbd-created entries U
+// lost), directories, modes, user.* xattrs, symlinks, and refused
+// entries (device nodes, escaping symlinks, oversized files, too deep or
+// too long paths). A Change carries a digest of the staged entry; Commit
+// and Event check it, so what is committed is exactly what was decided.
+//
+// # Commit, abort, recovery
+//
+// Commit writes a journal in the state directory (new images copied from
+// U, pre-images hard-linked from W, the new label index), syncs it, marks
+// it applying, then renames, unlinks and creates entries in W and marks
+// it done. Open recovers an interrupted commit: not applying, discarded;
+// applying, rolled back from the pre-images; done, finished. Abort
+// reverts changes through M, so overlayfs sees only its own writes.
+// Every path in W, U, B and M is resolved with openat2 beneath a
+// directory descriptor, never following a symlink or crossing a mount.
+// See docs/staging.md for the design, its costs and its limits.
 //
 // # Requirements
 //
-// Linux and root for the mount; the plan (directories, mount options) is
-// built by pure code and tests anywhere.
+// Linux and root (mount, trusted.* overlay xattrs, chown). The state
+// directory must be on W's mount. The plan and the journal and index
+// encodings are pure and test anywhere.
+//
+// # Tests
+//
+// Plan, encodings (with fuzz targets FuzzJournal and FuzzIndex) and path
+// logic run without root. The rest mounts real overlays in temporary
+// directories as root: every operation class through M, a seeded
+// property test and a fuzz target (FuzzOperations) comparing W and M with
+// in-memory models across random commits, aborts and restarts, crash
+// injection (the commit and the recovery run in a re-executed test binary
+// that SIGKILLs itself at every journal step), and the hostile-input
+// cases. Benchmarks: BenchmarkFileCycle, BenchmarkCommit, BenchmarkScan
+// (CARBD_BENCH_SCAN_FILES sets the file count).
 package staging

@@ -1,0 +1,210 @@
+package staging
+
+import (
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/pkg/decide"
+)
+
+// Event is the change as a decide.Event with its content: for a write,
+// the bytes that differ from W's committed version, with ContentMargin
+// unchanged bytes on each side (so a value split across the edge of the
+// change is still seen whole), bounded by ContentLimit; for a created
+// file, its content from the start, bounded likewise. When the bound
+// cuts the content, a "truncated" control field says how much was shown:
+// the daemon should then scan the whole file (OpenStaged) or defer.
+//
+// The whole staged file is read to check it still has the scanned
+// digest; otherwise the error is ErrChanged and the caller rescans.
+func (s *Stager) Event(c Change) (decide.Event, error) {
+	ev := c.Event()
+	if c.Refused != "" || (c.Op != OpCreate && c.Op != OpWrite) {
+		return ev, nil
+	}
+	if err := s.lock(); err != nil {
+		return ev, err
+	}
+	defer s.mu.Unlock()
+	ufd, xs, st, err := s.openStaged(c)
+	if err != nil {
+		return ev, err
+	}
+	defer unix.Close(ufd)
+	h := newDigest(TypeFile, st.Mode, xs, "")
+	size := st.Size
+	start, end := int64(0), size
+	if c.Op == OpWrite {
+		if wpar, name, err := parentOf(s.wfd, c.Path); err == nil {
+			wfd, err := openFile(wpar, name)
+			unix.Close(wpar)
+			if err == nil {
+				start, end, err = changedRegion(ufd, wfd, size, int64(s.l.ContentMargin))
+				unix.Close(wfd)
+				if err != nil {
+					return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
+				}
+			}
+		}
+	}
+	// The digest over the whole staged file.
+	if _, err := unix.Seek(ufd, 0, io.SeekStart); err != nil {
+		return ev, err
+	}
+	if _, err := copyStream(nil, h, fdReader(ufd), s.l.MaxFileSize); err != nil {
+		return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
+	}
+	if sum(h) != c.Digest {
+		return ev, fmt.Errorf("%w: %q", ErrChanged, c.Path)
+	}
+	n := end - start
+	limit := int64(s.l.ContentLimit)
+	if n > limit {
+		ev.Fields = append(ev.Fields, decide.Field{Name: "truncated", Role: decide.RoleControl,
+			Value: fmt.Sprintf("%d of %d changed bytes at offset %d", limit, n, start)})
+		n = limit
+	}
+	buf := make([]byte, n)
+	if _, err := unix.Pread(ufd, buf, start); err != nil && n > 0 {
+		return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
+	}
+	// Pread may return short only if the file shrank, which the digest
+	// check above would have caught unless it shrank since; re-check size.
+	var st2 unix.Stat_t
+	if err := unix.Fstat(ufd, &st2); err != nil || st2.Size != size || ctimeNs(&st2) != ctimeNs(st) {
+		return ev, fmt.Errorf("%w: %q", ErrChanged, c.Path)
+	}
+	ev.Content = string(buf)
+	ev.Fields = append(ev.Fields, decide.Field{Name: "data", Role: decide.RoleContent, Value: ev.Content})
+	return ev, nil
+}
+
+func (s *Stager) openStaged(c Change) (int, []xattr, *unix.Stat_t, error) {
+	if err := checkRel(c.Path); err != nil {
+		return -1, nil, nil, err
+	}
+	ufd, err := openFile(s.ufd, c.Path)
+	if err != nil {
+		return -1, nil, nil, fmt.Errorf("%w: %q: %v", ErrChanged, c.Path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(ufd, &st); err != nil || typeOf(st.Mode) != TypeFile {
+		unix.Close(ufd)
+		return -1, nil, nil, fmt.Errorf("%w: %q is not a regular file", ErrChanged, c.Path)
+	}
+	xs, err := listXattrs(ufd, userXattrs, nil)
+	if err != nil {
+		unix.Close(ufd)
+		return -1, nil, nil, err
+	}
+	return ufd, xs, &st, nil
+}
+
+// OpenStaged opens the staged content of a created or written file for
+// a full scan (e.g. for sensitive values beyond Event's bound). Reading
+// to the end fails with ErrChanged if the content is not the scanned
+// one. The caller closes it.
+func (s *Stager) OpenStaged(c Change) (io.ReadCloser, error) {
+	if c.Type != TypeFile || c.Refused != "" {
+		return nil, fmt.Errorf("staging: %v has no staged content", c)
+	}
+	if err := s.lock(); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	ufd, xs, st, err := s.openStaged(c)
+	if err != nil {
+		return nil, err
+	}
+	return &stagedReader{fd: ufd, h: newDigest(TypeFile, st.Mode, xs, ""), want: c.Digest, path: c.Path}, nil
+}
+
+type stagedReader struct {
+	fd   int
+	h    hash.Hash
+	want [32]byte
+	path string
+}
+
+func (r *stagedReader) Read(p []byte) (int, error) {
+	n, err := fdReader(r.fd).Read(p)
+	r.h.Write(p[:n])
+	if err == io.EOF && sum(r.h) != r.want {
+		return n, fmt.Errorf("%w: %q", ErrChanged, r.path)
+	}
+	return n, err
+}
+
+func (r *stagedReader) Close() error {
+	if r.fd < 0 {
+		return errors.New("staging: staged reader already closed")
+	}
+	err := unix.Close(r.fd)
+	r.fd = -1
+	return err
+}
+
+// changedRegion returns the region [start, end) of the staged file u
+// (of size usize) that differs from the committed file w, widened by
+// margin bytes on each side. It compares a common prefix forwards and a
+// common suffix backwards, in bounded memory.
+func changedRegion(u, w int, usize, margin int64) (int64, int64, error) {
+	var wst unix.Stat_t
+	if err := unix.Fstat(w, &wst); err != nil {
+		return 0, 0, err
+	}
+	wsize := wst.Size
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	ub := (*bp)[:len(*bp)/2]
+	wb := (*bp)[len(*bp)/2:]
+	common := min(usize, wsize)
+	// Common prefix.
+	var pre int64
+	for pre < common {
+		k := min(int64(len(ub)), common-pre)
+		if _, err := unix.Pread(u, ub[:k], pre); err != nil {
+			return 0, 0, err
+		}
+		if _, err := unix.Pread(w, wb[:k], pre); err != nil {
+			return 0, 0, err
+		}
+		i := 0
+		for i < int(k) && ub[i] == wb[i] {
+			i++
+		}
+		pre += int64(i)
+		if i < int(k) {
+			break
+		}
+	}
+	// Common suffix, not overlapping the prefix.
+	var suf int64
+	for suf < common-pre {
+		k := min(int64(len(ub)), common-pre-suf)
+		if _, err := unix.Pread(u, ub[:k], usize-suf-k); err != nil {
+			return 0, 0, err
+		}
+		if _, err := unix.Pread(w, wb[:k], wsize-suf-k); err != nil {
+			return 0, 0, err
+		}
+		i := 0
+		for i < int(k) && ub[int(k)-1-i] == wb[int(k)-1-i] {
+			i++
+		}
+		suf += int64(i)
+		if i < int(k) {
+			break
+		}
+	}
+	start := max(0, pre-margin)
+	end := min(usize, usize-suf+margin)
+	if end < start {
+		end = start
+	}
+	return start, end, nil
+}
