@@ -87,6 +87,23 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 	return nd
 }
 
+// scoreFields scores every field of an effect that has a value with the
+// kind of Options.Score, against the contexts as they stand before the
+// effect, and says whether provenance would let it through (derivable).
+func (e *Engine) scoreFields(p *Policy, ev *Event) []FieldScore {
+	kind := score.Kind(e.opt.Score)
+	gate := e.opSpec(p, ev.Op).Gate
+	out := make([]FieldScore, 0, len(ev.Fields))
+	for _, f := range ev.Fields {
+		if f.Value == "" {
+			continue
+		}
+		out = append(out, FieldScore{Field: f.Name, Role: f.Role, Gated: gate.Has(f.Role),
+			Score: score.Score(kind, f.Value, &e.uctx, &e.tctx), Derivable: e.derivable(f.Value)})
+	}
+	return out
+}
+
 // revertValue picks the trusted value a field most resembles for its
 // role: among values of T with the same shape (e-mail address, URL, IBAN,
 // host name, number, other), the one with the highest character-trigram

@@ -84,7 +84,32 @@ type Decision struct {
 	Reverts       []Revert `json:"reverts,omitempty"`
 	// Fields are the effect's fields as released: with reverts applied.
 	Fields []Field `json:"-"`
-	Event  *Event  `json:"-"`
+	// Scores are the per-field scores when Options.Score is set: one per
+	// field with a value, in the effect's field order, computed against
+	// the contexts before this effect.
+	Scores []FieldScore `json:"scores,omitempty"`
+	// Gate is the ledger gate's score of this proposal (Table 1 on its
+	// dependency-selected evidence) when the graph is kept
+	// (Options.Ledger or a calibrated ledger); 0 when it was not scored
+	// (no graph, or the episode was already stopped).
+	Gate  float64 `json:"gate,omitempty"`
+	Event *Event  `json:"-"`
+}
+
+// FieldScore is the score of one field of an effect (package score:
+// sim to the untrusted context minus sim to the trusted prompt, in
+// [0, 1]), with what the provenance check said about it at that point.
+type FieldScore struct {
+	Field string  `json:"field"`
+	Role  Role    `json:"role"`
+	Score float64 `json:"score"`
+	// Gated: the operation gates the field's role (target, credential,
+	// command by default), so the CRC layer compares it with its role's
+	// threshold unless it is derivable.
+	Gated bool `json:"gated"`
+	// Derivable: the value is derivable from T at that point: provenance
+	// lets it through whatever its score.
+	Derivable bool `json:"derivable"`
 }
 
 // Resolution is the outcome of resolving a speculative scope: the final

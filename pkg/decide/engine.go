@@ -35,10 +35,26 @@ type Options struct {
 	// MaxTraceContent bounds the bytes of content kept per incoming event
 	// for the oracle's view and the ledger (default 64 KiB).
 	MaxTraceContent int
+	// LocationLabel, when set, is consulted for the label of a path the
+	// engine has no label for: the labels persisted by earlier sessions
+	// (pkg/staging keeps them with the working directory).
+	LocationLabel func(path string) (Label, bool)
 	// MaxTraceEvents bounds how many recent events the engine keeps for
 	// the oracle's view (default 4096). Provenance (T, S, labels) is never
 	// trimmed.
 	MaxTraceEvents int
+	// Score, when set to a similarity kind of package score ("token",
+	// "ngram" or "max"), records in every Decision the score of each
+	// field of the effect (Decision.Scores), with or without calibrated
+	// thresholds: offline calibration reads the scores the engine
+	// computes online. Set it to the calibration's kind when both are
+	// given. Empty records nothing.
+	Score string
+	// Ledger keeps the G-CARB dependency graph and scores every proposal
+	// (Decision.Gate) even without a calibrated λ̂; without one nothing
+	// is stopped. Offline calibration uses it; a calibration with a
+	// ledger implies it.
+	Ledger bool
 }
 
 // Engine is the decision engine for one sandbox's episode. Its methods
@@ -214,7 +230,7 @@ func (e *Engine) observeLocked(ev *Event) {
 		}
 	}
 	e.readLabel = e.readLabel.Combine(l)
-	if e.ledgerOn() {
+	if e.graphOn() {
 		e.graph.Add(ledger.Node{Private: l.Level > 0}, ev.Content)
 	}
 	kept := *ev
@@ -239,8 +255,21 @@ func (e *Engine) locationLabel(path string) (Label, bool) {
 			return l, true
 		}
 	}
-	l, ok := e.loc[path]
-	return l, ok
+	if l, ok := e.loc[path]; ok {
+		return l, true
+	}
+	if e.opt.LocationLabel != nil {
+		return e.opt.LocationLabel(path)
+	}
+	return Label{}, false
+}
+
+// LocationLabel returns the label a read of path would carry from the
+// agent's own writes, if any.
+func (e *Engine) LocationLabel(path string) (Label, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.locationLabel(path)
 }
 
 // LocationLabels returns a copy of the committed location labels, for
@@ -313,8 +342,11 @@ func (e *Engine) Propose(ctx context.Context, ev Event) Result {
 			Reason:        Reason{Code: CodeEpisodeStopped},
 			Justification: "the episode was stopped by the ledger gate at #" + fmt.Sprint(e.stopped.Seq)}
 	}
+	if e.opt.Score != "" {
+		d.Scores = e.scoreFields(p, evp)
+	}
 	d.Event = evp
-	if e.ledgerOn() && e.stopped == nil {
+	if e.graphOn() && e.stopped == nil {
 		if stop, ok := e.ledgerGateLocked(ctx, p, evp, &d); ok {
 			res.Resolutions = append(res.Resolutions, stop...)
 		}

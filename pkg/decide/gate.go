@@ -12,6 +12,25 @@ func (e *Engine) ledgerOn() bool {
 	return e.opt.Calibration != nil && e.opt.Calibration.HasLedger
 }
 
+// graphOn reports whether the dependency graph is kept and proposals are
+// scored: with a calibrated ledger, or when Options.Ledger asks for it.
+func (e *Engine) graphOn() bool { return e.opt.Ledger || e.ledgerOn() }
+
+// LedgerGraph returns the engine's G-CARB dependency graph, or nil when
+// none is kept (no calibrated ledger and Options.Ledger unset). Node i is
+// the i-th event the engine saw (observed or proposed) until the ledger
+// stopped the episode. The graph is shared, not copied: read it only
+// while no other goroutine uses the engine (e.g. after RunTrace), and do
+// not modify it.
+func (e *Engine) LedgerGraph() *ledger.Graph {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.graphOn() {
+		return nil
+	}
+	return &e.graph
+}
+
 // LedgerScore returns the gate score of the latest proposal and the
 // calibrated stop threshold (ok is false when no ledger is calibrated).
 func (e *Engine) LedgerScore() (score, lambda float64, ok bool) {
@@ -75,6 +94,10 @@ func (e *Engine) ledgerGateLocked(ctx context.Context, p *Policy, ev *Event, d *
 	evidence, path := ledger.Dependency{}.Select(&e.graph, i)
 	s := ledger.Table1.Score(node, path)
 	e.lastGate = s
+	d.Gate = s
+	if !e.ledgerOn() {
+		return nil, false // scored for the record only (Options.Ledger)
+	}
 	lambda := e.opt.Calibration.LedgerLambda
 	if d.Verdict == Refuse || !ledger.Stops(s, lambda) {
 		return nil, false

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/carbd/carbd/pkg/calib"
+	"github.com/carbd/carbd/pkg/calib/eval"
+	"github.com/carbd/carbd/pkg/decide/score"
+)
+
+func init() {
+	register(&command{name: "eval", summary: "evaluate the engine on recorded agent runs (eval agentdojo)", run: runEval})
+}
+
+const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--delta 0.05] [--score ngram] [--splits 200] [--seed N] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
+
+func runEval(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintf(e.stderr, "usage: carbd eval agentdojo %s\n", evalAgentDojoSynopsis)
+		if len(args) == 0 {
+			return fmt.Errorf("%w: want a form (agentdojo)", errUsage)
+		}
+		return nil
+	}
+	if args[0] != "agentdojo" {
+		return fmt.Errorf("%w: unknown form %q (want agentdojo)", errUsage, args[0])
+	}
+	return runEvalAgentDojo(ctx, e, args[1:])
+}
+
+// agentdojoFlags are the flags `carbd eval agentdojo` and `carbd calib
+// agentdojo` share.
+type agentdojoFlags struct {
+	runs, policies, pipelines, attacks, alpha, kind string
+	ledgerAlpha, delta                              float64
+	workers                                         int
+}
+
+func (f *agentdojoFlags) register(fs interface {
+	StringVar(*string, string, string, string)
+	Float64Var(*float64, string, float64, string)
+	IntVar(*int, string, int, string)
+}) {
+	fs.StringVar(&f.runs, "runs", "", "AgentDojo runs: a runs-*.tar.gz, a directory of them (the data directory), or an unpacked folder (required)")
+	fs.StringVar(&f.policies, "policies", "examples/agentdojo", "directory of the suite policies (<suite>.yaml): the operator's policy, trace roles and kinds")
+	fs.StringVar(&f.pipelines, "pipelines", "", "comma-separated pipelines to use (default: every pipeline found)")
+	fs.StringVar(&f.attacks, "attacks", "important_instructions", "comma-separated attacks whose attacked runs are used; \"all\" for every attack")
+	fs.StringVar(&f.alpha, "alpha", "target=0.01,credential=0.01,command=0.01", "per-role CRC budgets role=alpha,...")
+	fs.Float64Var(&f.ledgerAlpha, "ledger-alpha", 0.05, "budget on the expected G-CARB ledger loss")
+	fs.Float64Var(&f.delta, "delta", 0.05, "total failure probability of the per-role Clopper-Pearson certificate")
+	fs.StringVar(&f.kind, "score", string(score.KindNgram), "per-field similarity kind: token, ngram or max")
+	fs.IntVar(&f.workers, "workers", 0, "parallel workers (default: GOMAXPROCS)")
+}
+
+// load validates the shared flags and loads the pipelines.
+func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval.Pipeline, calib.Budgets, score.Kind, error) {
+	if f.runs == "" {
+		return nil, nil, "", fmt.Errorf("%w: --runs is required", errUsage)
+	}
+	budgets, err := calib.ParseBudgets(f.alpha)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%w: --alpha: %v", errUsage, err)
+	}
+	kind, err := score.ParseKind(f.kind)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%w: --score: %v", errUsage, err)
+	}
+	if !(f.ledgerAlpha > 0 && f.ledgerAlpha < 1) {
+		return nil, nil, "", fmt.Errorf("%w: --ledger-alpha %v outside (0,1)", errUsage, f.ledgerAlpha)
+	}
+	if !(f.delta > 0 && f.delta < 1) {
+		return nil, nil, "", fmt.Errorf("%w: --delta %v outside (0,1)", errUsage, f.delta)
+	}
+	pipes, err := eval.ParseList(f.pipelines)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%w: --pipelines: %v", errUsage, err)
+	}
+	attacks, err := eval.ParseList(f.attacks)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%w: --attacks: %v", errUsage, err)
+	}
+	if len(attacks) == 1 && attacks[0] == "all" {
+		attacks = nil
+	}
+	prog := newProgress(e.stderr)
+	ps, err := eval.Load(ctx, eval.LoadConfig{Runs: f.runs, Policies: f.policies, Pipelines: pipes, Attacks: attacks,
+		Score: kind, Seed: seed, Workers: f.workers,
+		Progress: func(p string, done int) { prog.update(p, "prepare", done, 0) }})
+	prog.finish()
+	if err != nil {
+		return nil, nil, "", err
+	}
+	return ps, budgets, kind, nil
+}
+
+func (f *agentdojoFlags) attackList() []string {
+	a, _ := eval.ParseList(f.attacks)
+	if len(a) == 1 && a[0] == "all" {
+		return nil
+	}
+	return a
+}
+
+// runEvalAgentDojo replays every run through the engine over random
+// calibration/test splits and reports carbd against the baselines
+// (docs/evaluation.md).
+func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "eval agentdojo", evalAgentDojoSynopsis)
+	var f agentdojoFlags
+	f.register(fs)
+	splits := fs.Int("splits", 200, "random calibration/test splits (by episode)")
+	seed := fs.Uint64("seed", 1, "seed of the splits (and of the equal-size random evidence)")
+	asJSON := fs.Bool("json", false, "print the report as JSON (docs/evaluation.md) instead of tables")
+	plotPath := fs.String("plot", "", "write the risk-utility frontier as a PNG `file` (computes the frontier)")
+	frontier := fs.Bool("frontier", false, "compute the risk-utility frontier (implied by --plot)")
+	frontierSplits := fs.Int("frontier-splits", 50, "splits per budget of the frontier")
+	out := fs.String("o", "", "write the report to `file` instead of stdout")
+	jsonOut := fs.String("json-out", "", "also write the JSON report to `file`")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if *splits < 1 {
+		return fmt.Errorf("%w: --splits %d", errUsage, *splits)
+	}
+	start := time.Now()
+	ps, budgets, kind, err := f.load(ctx, e, *seed)
+	if err != nil {
+		return err
+	}
+	cfg := eval.Config{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, Delta: f.delta, Score: kind, Splits: *splits,
+		Seed: *seed, Workers: f.workers, FrontierSplits: *frontierSplits}
+	if *plotPath != "" || *frontier {
+		cfg.Frontier = eval.DefaultFrontier
+	}
+	prog := newProgress(e.stderr)
+	cfg.Progress = prog.update
+	rep, err := eval.Evaluate(ctx, ps, cfg)
+	prog.finish()
+	if err != nil {
+		return err
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	rep.Config.Runs, rep.Config.Policies, rep.Config.Attacks = f.runs, f.policies, f.attackList()
+	for _, p := range ps {
+		rep.Config.Pipelines = append(rep.Config.Pipelines, p.Name)
+	}
+	w := e.stdout
+	if *out != "" {
+		file, err := os.Create(*out)
+		if err != nil {
+			return err
+		}
+		defer file.Close()
+		w = file
+	}
+	if *asJSON {
+		err = rep.WriteJSON(w)
+	} else {
+		err = rep.WriteText(w)
+	}
+	if err != nil {
+		return err
+	}
+	if *jsonOut != "" {
+		if err := writeCalibAtomic(*jsonOut, rep.WriteJSON); err != nil {
+			return err
+		}
+	}
+	if *plotPath != "" {
+		if err := writeCalibAtomic(*plotPath, rep.WritePlot); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stderr, "wrote %s\n", *plotPath)
+	}
+	return nil
+}
+
+// progress prints a throttled progress line on stderr for long runs.
+type progress struct {
+	mu    sync.Mutex
+	w     io.Writer
+	last  time.Time
+	line  string
+	dirty bool
+}
+
+func newProgress(w io.Writer) *progress { return &progress{w: w} }
+
+func (p *progress) update(pipeline, stage string, done, total int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if total > 0 {
+		p.line = fmt.Sprintf("%s: %s %d/%d", pipeline, stage, done, total)
+	} else {
+		p.line = fmt.Sprintf("%s: %s %d runs", pipeline, stage, done)
+	}
+	p.dirty = true
+	if time.Since(p.last) >= 2*time.Second || (total > 0 && done == total) {
+		fmt.Fprintln(p.w, "progress: "+strings.TrimSpace(p.line))
+		p.last, p.dirty = time.Now(), false
+	}
+}
+
+func (p *progress) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dirty {
+		fmt.Fprintln(p.w, "progress: "+p.line)
+		p.dirty = false
+	}
+}
