@@ -38,8 +38,9 @@ bench:
 	$(GO) run ./internal/benchreport -o docs/bench-report.md
 
 ## demo: the README's first command: a scripted agent in the netns sandbox
+##       tries to leak a private key through a note and a POST; carbd stops it
 demo: build
-	@echo "carbd demo: not yet (the daemon lands with the 'carbd run' issue)"
+	$(SUDO) $(BIN) demo
 
 ## generate: rebuild the eBPF objects and Go bindings with clang-14
 generate:

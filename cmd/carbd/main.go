@@ -14,6 +14,8 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/carbd/carbd/pkg/sandbox/netns"
 )
 
 // command is one subcommand. Each lives in its own file and registers
@@ -48,6 +50,8 @@ func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code)
 var errUsage = errors.New("usage")
 
 func main() {
+	// A re-executed carbd that is a sandbox's init never returns from here.
+	netns.Init()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -107,9 +107,15 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	}
 	defer goR.Close()
 	defer goW.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer readyR.Close()
+	defer readyW.Close()
 
 	cmd := &exec.Cmd{Path: self, Args: []string{initArg0}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr, ExtraFiles: []*os.File{cfgR, goR}}
+		Stdin: cfg.Stdin, Stdout: cfg.Stdout, Stderr: cfg.Stderr, ExtraFiles: []*os.File{cfgR, goR, readyW}}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:                 syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: cfg.UID, Size: 1}},
@@ -131,11 +137,7 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 			s.removeLink()
 		}
 	}()
-	if cfg.Cgroup != "" {
-		if err := os.WriteFile(filepath.Join(cfg.Cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-			return nil, fmt.Errorf("netns: move sandbox into cgroup %s: %w", cfg.Cgroup, err)
-		}
-	}
+	readyW.Close()
 	if err := s.network(cmd.Process.Pid); err != nil {
 		return nil, err
 	}
@@ -147,6 +149,18 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 		return nil, fmt.Errorf("netns: hand the configuration to the sandbox: %w", err)
 	}
 	cfgW.Close()
+	// The init sets up its mounts, says it is ready, and only then joins
+	// the cgroup (so tracing sees the command, not carbd's own set-up)
+	// and starts the command.
+	var b [1]byte
+	if _, err := io.ReadFull(readyR, b[:]); err != nil {
+		return nil, errors.New("netns: the sandbox's init failed while setting up (see its error output)")
+	}
+	if cfg.Cgroup != "" {
+		if err := os.WriteFile(filepath.Join(cfg.Cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+			return nil, fmt.Errorf("netns: move sandbox into cgroup %s: %w", cfg.Cgroup, err)
+		}
+	}
 	if _, err := goW.Write([]byte{1}); err != nil {
 		return nil, fmt.Errorf("netns: start the sandbox: %w", err)
 	}
@@ -302,17 +316,12 @@ func Init() {
 }
 
 func sandboxInit() (int, error) {
-	cfgF, goF := os.NewFile(3, "config"), os.NewFile(4, "go")
+	cfgF, goF, readyF := os.NewFile(3, "config"), os.NewFile(4, "go"), os.NewFile(5, "ready")
 	var ic initConfig
 	if err := json.NewDecoder(cfgF).Decode(&ic); err != nil {
 		return 0, fmt.Errorf("read configuration: %w", err)
 	}
 	cfgF.Close()
-	var b [1]byte
-	if _, err := io.ReadFull(goF, b[:]); err != nil {
-		return 0, errors.New("the host did not finish setting up the sandbox")
-	}
-	goF.Close()
 	if ic.Hostname != "" {
 		if err := unix.Sethostname([]byte(ic.Hostname)); err != nil {
 			return 0, fmt.Errorf("set hostname: %w", err)
@@ -324,6 +333,15 @@ func sandboxInit() (int, error) {
 	if err := os.Chdir(ic.Workdir); err != nil {
 		return 0, fmt.Errorf("enter working directory: %w", err)
 	}
+	if _, err := readyF.Write([]byte{1}); err != nil {
+		return 0, errors.New("the host went away")
+	}
+	readyF.Close()
+	var b [1]byte
+	if _, err := io.ReadFull(goF, b[:]); err != nil {
+		return 0, errors.New("the host did not finish setting up the sandbox")
+	}
+	goF.Close()
 	return runAsInit(ic.Argv, ic.Env)
 }
 
@@ -380,7 +398,7 @@ func setupMounts(ic *initConfig) error {
 		return fmt.Errorf("mount /sys: %w", err)
 	}
 	for i, bd := range ic.Binds {
-		if err := mountpoint(bd.Target, bd.Source); err != nil {
+		if err := mountpoint(bd.Target, bindFds[i]); err != nil {
 			return fmt.Errorf("bind %s: %w", bd.Target, err)
 		}
 		if bd.Writable {
@@ -409,16 +427,16 @@ func setupMounts(ic *initConfig) error {
 func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 
 // mountpoint makes sure target exists, as a directory or a file like
-// source, when it can be created (on scratch space).
-func mountpoint(target, source string) error {
+// the source open at fd, when it can be created (on scratch space).
+func mountpoint(target string, fd int) error {
 	if _, err := os.Lstat(target); err == nil {
 		return nil
 	}
-	st, err := os.Stat(source)
-	if err != nil {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
-	if st.IsDir() {
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return os.MkdirAll(target, 0o755)
 	}
 	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {

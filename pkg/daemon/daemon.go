@@ -1,0 +1,493 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/carbd/carbd/pkg/calib"
+	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/sandbox/netns"
+)
+
+// DefaultStateDir holds carbd's per-sandbox state: sockets, the audit log,
+// the sandbox index locks.
+const DefaultStateDir = "/run/carbd"
+
+// Config configures one `carbd run`.
+type Config struct {
+	// ID names the sandbox: 1-11 of [a-z0-9-]. Empty: derived from the
+	// working directory, so a restart after a crash finds its state.
+	ID       string
+	StateDir string // default DefaultStateDir
+	// StagingDir holds the overlay layers and the journal; it must be on
+	// the working directory's filesystem. Empty: <parent of W>/.carbd/<id>.
+	StagingDir string
+
+	PolicyPath string
+	Policy     *decide.Policy
+	Workdir    string
+	Task       string
+	Backend    string // netns (default), qemu, cloud-hypervisor
+	Oracle     decide.Oracle
+	// Operator is set when the oracle is the operator (carbd approve/deny).
+	Operator    *decide.Operator
+	Calibration *calib.Artifact
+	Argv        []string
+	// Binds are extra bind mounts into the sandbox (tools, the agent's
+	// program); read-only unless marked writable.
+	Binds []netns.Bind
+	// UID and GID the sandbox's root maps to; default: the owner of W.
+	UID, GID int
+	// DNS: upstream resolvers for the sandbox's resolver, and static
+	// names (offline hosts, the demo).
+	Upstream []netip.AddrPort
+	Hosts    map[string][]netip.Addr
+	// HoldTimeout bounds how long a packet waits for a decision.
+	HoldTimeout time.Duration
+	// AuditPath gets the JSON-lines decision log (also kept in the
+	// sandbox's state directory).
+	AuditPath string
+	// Metrics, when set, is the address Prometheus metrics are served on.
+	Metrics string
+	Stdin   io.Reader
+	Stdout  io.Writer
+	Stderr  io.Writer
+	Log     *slog.Logger
+}
+
+// Summary is what `carbd run` prints when the sandbox ends.
+type Summary struct {
+	ID           string
+	ExitCode     int
+	Released     []decide.Decision
+	Refused      []decide.Decision
+	Held         []decide.Decision // still held when the run ended (then refused)
+	Committed    []string
+	Aborted      []string
+	FileRefusals []string
+	Stats        decide.Stats
+	Stopped      bool
+}
+
+// DefaultID derives a sandbox id from the working directory.
+func DefaultID(workdir string) string {
+	h := sha256.Sum256([]byte(filepath.Clean(workdir)))
+	return "w" + hex.EncodeToString(h[:5])
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if os.Geteuid() != 0 {
+		errs = append(errs, errors.New("carbd run needs root (BPF, netfilter, namespaces, overlayfs mounts)"))
+	}
+	if c.Policy == nil {
+		errs = append(errs, errors.New("no policy"))
+	}
+	if len(c.Argv) == 0 {
+		errs = append(errs, errors.New("no command to run (carbd run ... -- COMMAND)"))
+	}
+	if c.Workdir == "" {
+		errs = append(errs, errors.New("no working directory (--workdir)"))
+	} else if abs, err := filepath.Abs(c.Workdir); err != nil {
+		errs = append(errs, err)
+	} else if st, err := os.Stat(abs); err != nil || !st.IsDir() {
+		errs = append(errs, fmt.Errorf("working directory %s is not a directory", abs))
+	} else {
+		c.Workdir = abs
+		if c.UID == 0 && c.GID == 0 {
+			sys := st.Sys().(*syscall.Stat_t)
+			c.UID, c.GID = int(sys.Uid), int(sys.Gid)
+		}
+	}
+	if c.UID == 0 || c.GID == 0 {
+		errs = append(errs, fmt.Errorf("the working directory belongs to root: the sandbox's root must map to an unprivileged user; chown it to one, or pass --uid/--gid"))
+	}
+	if c.Backend == "" {
+		c.Backend = "netns"
+	}
+	if c.Backend != "netns" {
+		errs = append(errs, fmt.Errorf("backend %q: only netns runs here (qemu and cloud-hypervisor are driven by their launchers; see docs/vm.md)", c.Backend))
+	}
+	if c.ID == "" {
+		c.ID = DefaultID(c.Workdir)
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.StagingDir == "" && c.Workdir != "" {
+		c.StagingDir = filepath.Join(filepath.Dir(c.Workdir), ".carbd", c.ID)
+	}
+	if c.Oracle == nil {
+		c.Oracle = decide.Strict{}
+	}
+	if c.HoldTimeout == 0 {
+		c.HoldTimeout = 10 * time.Second
+	}
+	if c.Stdout == nil {
+		c.Stdout = os.Stdout
+	}
+	if c.Stderr == nil {
+		c.Stderr = os.Stderr
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.NewTextHandler(c.Stderr, nil))
+	}
+	return errors.Join(errs...)
+}
+
+// daemon is one running sandbox.
+type daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	started time.Time
+	dir     string // StateDir/sandboxes/<id>
+	engine  *decide.Engine
+	net     *netChannel
+	files   *fileChannel
+	sandbox sandboxProc
+
+	mu        sync.Mutex // guards the fields below
+	decisions map[uint64]*decide.Decision
+	final     map[uint64]*decide.Decision
+	exiting   bool
+
+	closers []func() error // teardown, run in reverse
+}
+
+// sandboxProc is a running sandbox backend.
+type sandboxProc interface {
+	Pid() int
+	Wait() (int, error)
+	Signal(os.Signal) error
+	Kill() error
+}
+
+// Run runs the command in a sandbox until it exits or ctx ends, and
+// returns its exit status and the summary.
+func Run(ctx context.Context, cfg Config) (*Summary, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	d := &daemon{cfg: cfg, log: cfg.Log.With("sandbox", cfg.ID), started: time.Now(),
+		decisions: map[uint64]*decide.Decision{}, final: map[uint64]*decide.Decision{}}
+	defer d.teardown()
+	if err := d.setup(ctx); err != nil {
+		return nil, err
+	}
+	return d.run(ctx)
+}
+
+func (d *daemon) onClose(f func() error) { d.closers = append(d.closers, f) }
+
+func (d *daemon) teardown() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		if err := d.closers[i](); err != nil {
+			d.log.Warn("teardown", "err", err)
+		}
+	}
+	d.closers = nil
+}
+
+func (d *daemon) setup(ctx context.Context) error {
+	d.dir = filepath.Join(d.cfg.StateDir, "sandboxes", d.cfg.ID)
+	if err := os.MkdirAll(d.dir, 0o711); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	if err := os.Chmod(d.cfg.StateDir, 0o711); err != nil {
+		return err
+	}
+	if err := searchable(d.dir); err != nil {
+		return err
+	}
+	unlock, index, err := claimIndex(d.cfg.StateDir, d.cfg.ID)
+	if err != nil {
+		return err
+	}
+	d.onClose(unlock)
+
+	// The decision engine and its audit log.
+	auditF, err := os.OpenFile(filepath.Join(d.dir, "audit.jsonl"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
+	d.onClose(auditF.Close)
+	var audit io.Writer = auditF
+	if d.cfg.AuditPath != "" {
+		f, err := os.OpenFile(d.cfg.AuditPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return fmt.Errorf("audit log: %w", err)
+		}
+		d.onClose(f.Close)
+		audit = io.MultiWriter(auditF, f)
+	}
+	opt := decide.Options{Oracle: d.cfg.Oracle, Audit: &lockedWriter{w: audit}, OracleTimeout: 5 * time.Minute}
+	if a := d.cfg.Calibration; a != nil {
+		c := a.Engine()
+		opt.Calibration = &c
+	}
+	d.engine = decide.New(d.cfg.Policy, opt)
+	d.engine.Task(d.cfg.Task)
+
+	// The file channel: recover, mount the merged view.
+	fc, err := openFileChannel(d)
+	if err != nil {
+		return err
+	}
+	d.files = fc
+	d.onClose(fc.close)
+
+	// The network channel and the sandbox.
+	nc, err := startNetChannel(ctx, d, index)
+	if err != nil {
+		return err
+	}
+	d.net = nc
+	d.onClose(nc.close)
+
+	// The operator socket.
+	l, err := listenOperator(filepath.Join(d.dir, "operator.sock"))
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go serveOperator(l, d, &wg)
+	d.onClose(func() error { l.Close(); wg.Wait(); return nil })
+	if d.cfg.Metrics != "" {
+		stop, err := serveMetrics(ctx, d.cfg.Metrics, d)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		d.onClose(stop)
+	}
+	return nil
+}
+
+// run waits for the sandbox and resolves what it did.
+func (d *daemon) run(ctx context.Context) (*Summary, error) {
+	done := make(chan struct{})
+	var code int
+	var werr error
+	go func() {
+		code, werr = d.sandbox.Wait()
+		close(done)
+	}()
+	stopOnce := sync.Once{}
+	ticker := time.NewTicker(500 * time.Millisecond)
+	defer ticker.Stop()
+loop:
+	for {
+		select {
+		case <-done:
+			break loop
+		case <-ctx.Done():
+			stopOnce.Do(func() {
+				d.log.Info("stopping the sandbox")
+				_ = d.sandbox.Signal(syscall.SIGTERM)
+				go func() {
+					select {
+					case <-done:
+					case <-time.After(3 * time.Second):
+						_ = d.sandbox.Kill()
+					}
+				}()
+			})
+		case <-ticker.C:
+			if d.engine.ScopeOpen() == 0 {
+				d.files.commitPoint(ctx)
+			}
+			if _, stopped := d.engine.Stopped(); stopped {
+				stopOnce.Do(func() {
+					d.log.Warn("the ledger gate stopped the episode: stopping the sandbox")
+					_ = d.sandbox.Kill()
+				})
+			}
+		}
+	}
+	if werr != nil {
+		return nil, fmt.Errorf("sandbox: %w", werr)
+	}
+	d.mu.Lock()
+	d.exiting = true
+	d.mu.Unlock()
+	// End of the task: the open scope resolves, then the last commit point.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	if r := d.engine.Finish(fctx); r != nil {
+		d.applyResolution(r)
+	}
+	d.files.commitPoint(fctx)
+	return d.summary(code), nil
+}
+
+// resolveAfter is how long a held request waits before its scope is
+// resolved. A packet-level hold cannot hand the agent a stub response
+// (that needs a terminating proxy), so its client is blocked: the scope
+// resolves promptly rather than at the end of the task.
+const resolveAfter = 300 * time.Millisecond
+
+// resolveSoon resolves scope after resolveAfter if it is still open.
+func (d *daemon) resolveSoon(scope uint64) {
+	if scope == 0 {
+		return
+	}
+	time.AfterFunc(resolveAfter, func() {
+		if d.engine.ScopeOpen() != scope {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), d.oracleWait()+time.Minute)
+		defer cancel()
+		if r := d.engine.Resolve(ctx, fmt.Sprintf("held request waiting (%s)", resolveAfter)); r != nil {
+			d.applyResolution(r)
+		}
+	})
+}
+
+// oracleWait is how long the oracle may take.
+func (d *daemon) oracleWait() time.Duration {
+	if d.cfg.Operator != nil {
+		return d.cfg.Operator.Timeout
+	}
+	return 5 * time.Minute
+}
+
+// searchable checks that the sandbox's unprivileged user can reach dir
+// (the merged view and the control directory live under it).
+func searchable(dir string) error {
+	for p := dir; ; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("the sandbox's user cannot reach %s: %s is not searchable by others (mode %#o); use a state directory whose ancestors are (--state-dir)", dir, p, st.Mode().Perm())
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}
+
+// record keeps a decision for the summary and the status.
+func (d *daemon) record(dec decide.Decision) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cp := dec
+	d.decisions[dec.Seq] = &cp
+	if dec.Verdict != decide.Defer {
+		d.final[dec.Seq] = &cp
+	}
+}
+
+// applyResolution records the final verdicts of a resolved scope and
+// hands them to the channels.
+func (d *daemon) applyResolution(r *decide.Resolution) {
+	for _, e := range r.Effects {
+		d.record(e)
+		if d.files != nil {
+			d.files.note(e)
+		}
+	}
+	if d.net != nil {
+		d.net.applyResolution(r)
+	}
+	if r.Notice != "" {
+		d.notify(r.Notice)
+	}
+}
+
+// notify delivers an abort notice to the agent: the file the control
+// directory exposes inside the sandbox.
+func (d *daemon) notify(text string) {
+	f, err := os.OpenFile(filepath.Join(d.dir, "agent", "notices"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		d.log.Warn("abort notice", "err", err)
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "%s\n\n", text)
+}
+
+func (d *daemon) summary(code int) *Summary {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := &Summary{ID: d.cfg.ID, ExitCode: code, Stats: d.engine.Stats()}
+	_, s.Stopped = d.engine.Stopped()
+	for _, dec := range d.decisions {
+		if f, ok := d.final[dec.Seq]; ok {
+			switch f.Verdict {
+			case decide.Release:
+				s.Released = append(s.Released, *f)
+			case decide.Refuse:
+				s.Refused = append(s.Refused, *f)
+			}
+		} else {
+			s.Held = append(s.Held, *dec)
+		}
+	}
+	sortDecisions(s.Released)
+	sortDecisions(s.Refused)
+	sortDecisions(s.Held)
+	if d.files != nil {
+		s.Committed, s.Aborted, s.FileRefusals = d.files.outcome()
+	}
+	return s
+}
+
+// WriteSummary prints the summary for a terminal.
+func (s *Summary) WriteSummary(w io.Writer) {
+	fmt.Fprintf(w, "\ncarbd: sandbox %s exited with status %d", s.ID, s.ExitCode)
+	if s.Stopped {
+		fmt.Fprint(w, " (stopped by the ledger gate)")
+	}
+	fmt.Fprintf(w, "\n  released %d, refused %d, held %d\n", len(s.Released), len(s.Refused), len(s.Held))
+	for _, d := range s.Refused {
+		fmt.Fprintf(w, "  REFUSED  #%d %s\n           %s\n", d.Seq, effectLine(d), d.Justification)
+	}
+	for _, d := range s.Held {
+		fmt.Fprintf(w, "  HELD     #%d %s\n", d.Seq, effectLine(d))
+	}
+	for _, d := range s.Released {
+		fmt.Fprintf(w, "  released #%d %s\n", d.Seq, effectLine(d))
+	}
+	if len(s.Committed) > 0 {
+		fmt.Fprintf(w, "  committed to the working directory: %s\n", strings.Join(s.Committed, ", "))
+	}
+	if len(s.Aborted) > 0 {
+		fmt.Fprintf(w, "  aborted (never reached the working directory): %s\n", strings.Join(s.Aborted, ", "))
+	}
+	for _, r := range s.FileRefusals {
+		fmt.Fprintf(w, "  staging refused: %s\n", r)
+	}
+}
+
+func effectLine(d decide.Decision) string {
+	if d.Event == nil {
+		return ""
+	}
+	return oneLine(d.Event.Summary(), 140)
+}
+
+// lockedWriter serialises writes of the audit log.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,348 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+	"github.com/vishvananda/netlink"
+
+	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/hooks/capture"
+	"github.com/carbd/carbd/pkg/hooks/dnsproxy"
+	"github.com/carbd/carbd/pkg/hooks/nfq"
+	"github.com/carbd/carbd/pkg/hooks/nfrules"
+	"github.com/carbd/carbd/pkg/hooks/tcx"
+	"github.com/carbd/carbd/pkg/sandbox/netns"
+)
+
+// netChannel is the sandbox's network path: a veth pair whose host side
+// carries the TC program and carbd's queue rules, the verdict loop, the
+// resolver, masquerading, and the capture for the audit.
+type netChannel struct {
+	d       *daemon
+	plan    netns.Plan
+	dp      *tcx.Datapath
+	rules   nfrules.Config
+	backend nfrules.Backend
+	loop    *nfq.Loop
+	dns     *dnsproxy.Proxy
+	cap     *capture.Capture
+	sb      *netns.Sandbox
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	nat     func() error
+
+	mu    sync.Mutex // guards flows and names
+	flows map[flowID]flowNote
+	names map[netip.Addr][]string
+}
+
+// flowID identifies a flow regardless of direction, for annotating
+// captured packets.
+type flowID struct {
+	a, b  netip.AddrPort
+	proto uint8
+}
+
+func newFlowID(src, dst netip.AddrPort, proto uint8) flowID {
+	if src.Addr().Less(dst.Addr()) || (src.Addr() == dst.Addr() && src.Port() < dst.Port()) {
+		return flowID{src, dst, proto}
+	}
+	return flowID{dst, src, proto}
+}
+
+type flowNote struct {
+	seq     uint64
+	verdict string
+	reason  string
+}
+
+// startNetChannel creates the sandbox behind its veth pair with every
+// hook in place before the host side comes up.
+func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, err error) {
+	plan, err := netns.NewPlan(d.cfg.ID, index)
+	if err != nil {
+		return nil, err
+	}
+	nc := &netChannel{d: d, plan: plan, flows: map[flowID]flowNote{}, names: map[netip.Addr][]string{}}
+	defer func() {
+		if err != nil {
+			nc.close()
+		}
+	}()
+	// A crash leaves pinned state and rules behind; the sandbox died with
+	// its daemon, so start from a clean slate (egress stayed dropped
+	// meanwhile: the rules drop what is not marked).
+	tcfg := tcx.Config{SandboxID: d.cfg.ID, Ifname: plan.HostIf}
+	_ = tcx.Remove(tcfg)
+	nc.rules = nfrules.Config{SandboxID: d.cfg.ID, Iface: plan.HostIf, QueueNum: plan.Queue}
+	_ = nfrules.Remove(nc.rules)
+	if l, err := netlink.LinkByName(plan.HostIf); err == nil {
+		_ = netlink.LinkDel(l)
+	}
+
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	nc.cancel = cancel
+	// The agent's control directory: the task, and the abort notices of
+	// this run (a new run starts with none).
+	agentDir := filepath.Join(d.dir, "agent")
+	_ = os.RemoveAll(agentDir)
+	if err := os.MkdirAll(agentDir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(agentDir, d.cfg.UID, d.cfg.GID); err != nil {
+		return nil, err
+	}
+	_ = os.WriteFile(filepath.Join(agentDir, "task"), []byte(d.cfg.Task), 0o644)
+	cgroup := d.files.startTracing(ctx)
+
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
+		"CARBD_TASK=" + d.cfg.Task, "CARBD_NOTICES=/run/carbd/notices", "CARBD_SANDBOX=" + d.cfg.ID}
+	if t := os.Getenv("TERM"); t != "" {
+		env = append(env, "TERM="+t)
+	}
+	stdin := d.cfg.Stdin
+	if stdin == nil {
+		stdin = eofReader{}
+	}
+	sb, err := netns.Start(netns.Config{
+		Plan: plan, Workdir: d.cfg.Workdir, Merged: d.files.merged, Argv: d.cfg.Argv, Env: env,
+		UID: d.cfg.UID, GID: d.cfg.GID, Hostname: "carbd-" + d.cfg.ID,
+		DNS:    []netip.Addr{plan.HostAddr4.Addr()},
+		Binds:  append([]netns.Bind{{Source: agentDir, Target: "/run/carbd", Writable: true}}, d.cfg.Binds...),
+		Cgroup: cgroup,
+		BeforeUp: func(host netlink.Link) error {
+			return nc.hooks(lctx, tcfg)
+		},
+		Stdin: stdin, Stdout: d.cfg.Stdout, Stderr: d.cfg.Stderr,
+	})
+	if err != nil {
+		return nil, err
+	}
+	nc.sb = sb
+	d.sandbox = sb
+	return nc, nil
+}
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
+
+// hooks installs the data path on the host side of the veth, which is
+// still down: the TC program with its liveness lease, the queue rules,
+// the verdict loop, the resolver, the capture and masquerading.
+func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
+	d := nc.d
+	dp, err := tcx.Attach(tcfg)
+	if err != nil {
+		return fmt.Errorf("attach the TC program: %w", err)
+	}
+	nc.dp = dp
+	if err := dp.RenewLease(2 * time.Second); err != nil {
+		return err
+	}
+	nc.wg.Add(1)
+	go func() {
+		defer nc.wg.Done()
+		_ = dp.KeepAlive(ctx, 250*time.Millisecond, time.Second)
+	}()
+	b, err := nfrules.Apply(nc.rules)
+	if err != nil {
+		return fmt.Errorf("install the queue rules: %w", err)
+	}
+	nc.backend = b
+	// A packet waits at most HoldTimeout for its verdict; with the
+	// operator as oracle that must cover the operator's deadline.
+	hold := d.cfg.HoldTimeout
+	if d.cfg.Operator != nil && hold < d.cfg.Operator.Timeout+5*time.Second {
+		hold = d.cfg.Operator.Timeout + 5*time.Second
+	}
+	loop, err := nfq.New(nfq.Config{QueueNum: nc.plan.Queue, MaxQueueLen: 4096, Decider: nc, Datapath: dp,
+		HoldTimeout: hold, Logger: d.log.With("channel", "net")})
+	if err != nil {
+		return err
+	}
+	nc.loop = loop
+	loopErr := make(chan error, 1)
+	nc.wg.Add(1)
+	go func() {
+		defer nc.wg.Done()
+		loopErr <- loop.Run(ctx)
+	}()
+	select {
+	case <-loop.Ready():
+	case err := <-loopErr:
+		return fmt.Errorf("verdict loop: %w", err)
+	case <-time.After(10 * time.Second):
+		return errors.New("verdict loop did not start")
+	}
+	nc.dns = &dnsproxy.Proxy{Upstream: d.cfg.Upstream, Static: d.cfg.Hosts, OnAnswer: nc.learn}
+	if err := nc.dns.Serve(ctx, netip.AddrPortFrom(nc.plan.HostAddr4.Addr(), 53)); err != nil {
+		return err
+	}
+	if c, err := capture.Start(nc.plan.HostIf, "", 0, 64<<20); err == nil {
+		nc.cap = c
+	} else {
+		d.log.Warn("capture off", "err", err)
+	}
+	undo, err := masquerade(nc.plan)
+	if err != nil {
+		return fmt.Errorf("masquerade: %w", err)
+	}
+	nc.nat = undo
+	return nil
+}
+
+// learn records name -> address answers of the sandbox's resolver, so a
+// flow to a bare address is matched by name.
+func (nc *netChannel) learn(m map[string][]netip.Addr) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	for name, addrs := range m {
+		for _, a := range addrs {
+			have := nc.names[a]
+			found := false
+			for _, n := range have {
+				found = found || n == name
+			}
+			if !found {
+				nc.names[a] = append(have, name)
+			}
+		}
+	}
+}
+
+// Decide implements nfq.Decider over the engine.
+func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) nfq.Outcome {
+	if ev.Dest != nil && ev.Dest.Host == "" && ev.Dest.Addr.IsValid() {
+		nc.mu.Lock()
+		if names := nc.names[ev.Dest.Addr.Unmap()]; len(names) > 0 {
+			dst := *ev.Dest
+			dst.Host = names[len(names)-1]
+			ev.Dest = &dst
+		}
+		nc.mu.Unlock()
+	}
+	res := nc.d.engine.Propose(ctx, ev)
+	dec := res.Decision
+	nc.d.record(dec)
+	nc.note(m.Flow, dec)
+	out := nfq.Outcome{Reason: dec.Reason.Code}
+	switch dec.Verdict {
+	case decide.Release:
+		out.Verdict = nfq.Release
+	case decide.Defer:
+		out.Verdict, out.Ticket = nfq.Hold, dec.Seq
+		nc.d.resolveSoon(dec.Scope)
+	default:
+		out.Verdict = nfq.Refuse
+	}
+	for i := range res.Resolutions {
+		r := &res.Resolutions[i]
+		out.Resolutions = append(out.Resolutions, nfq.Resolutions(r)...)
+		for _, e := range r.Effects {
+			nc.d.record(e)
+			if nc.d.files != nil {
+				nc.d.files.note(e)
+			}
+		}
+		if r.Notice != "" {
+			nc.d.notify(r.Notice)
+		}
+	}
+	return out
+}
+
+func (nc *netChannel) note(k tcx.FlowKey, dec decide.Decision) {
+	id := newFlowID(netip.AddrPortFrom(k.Src, k.SrcPort), netip.AddrPortFrom(k.Dst, k.DstPort), k.Proto)
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	nc.flows[id] = flowNote{seq: dec.Seq, verdict: dec.Verdict.String(), reason: dec.Reason.Code + ": " + dec.Justification}
+}
+
+// applyResolution hands a resolved scope to the verdict loop.
+func (nc *netChannel) applyResolution(r *decide.Resolution) {
+	if nc.loop != nil {
+		nc.loop.ApplyResolution(r)
+	}
+}
+
+// annotate labels a captured frame with its flow's latest decision.
+func (nc *netChannel) annotate(r capture.Record) capture.Annotation {
+	p := gopacket.NewPacket(r.Data, layers.LayerTypeEthernet, gopacket.NoCopy)
+	var src, dst netip.Addr
+	var proto uint8
+	switch ip := p.NetworkLayer().(type) {
+	case *layers.IPv4:
+		src, _ = netip.AddrFromSlice(ip.SrcIP)
+		dst, _ = netip.AddrFromSlice(ip.DstIP)
+		proto = uint8(ip.Protocol)
+	case *layers.IPv6:
+		src, _ = netip.AddrFromSlice(ip.SrcIP)
+		dst, _ = netip.AddrFromSlice(ip.DstIP)
+		proto = uint8(ip.NextHeader)
+	default:
+		return capture.Annotation{}
+	}
+	var sp, dpt uint16
+	switch l4 := p.TransportLayer().(type) {
+	case *layers.TCP:
+		sp, dpt = uint16(l4.SrcPort), uint16(l4.DstPort)
+	case *layers.UDP:
+		sp, dpt = uint16(l4.SrcPort), uint16(l4.DstPort)
+	}
+	id := newFlowID(netip.AddrPortFrom(src.Unmap(), sp), netip.AddrPortFrom(dst.Unmap(), dpt), proto)
+	nc.mu.Lock()
+	n, ok := nc.flows[id]
+	nc.mu.Unlock()
+	if !ok {
+		return capture.Annotation{Verdict: "undecided"}
+	}
+	return capture.Annotation{Verdict: n.verdict, Seq: n.seq, Reason: n.reason}
+}
+
+func (nc *netChannel) writePcap(w io.Writer) error {
+	if nc.cap == nil {
+		return errors.New("no capture on this sandbox")
+	}
+	return nc.cap.WritePcapng(w, nc.annotate)
+}
+
+func (nc *netChannel) close() error {
+	var errs []error
+	if nc.sb != nil {
+		_ = nc.sb.Kill()
+	}
+	if nc.cap != nil {
+		nc.cap.Close()
+	}
+	if nc.dns != nil {
+		nc.dns.Close()
+	}
+	if nc.cancel != nil {
+		nc.cancel()
+	}
+	nc.wg.Wait()
+	if nc.nat != nil {
+		errs = append(errs, nc.nat())
+	}
+	if nc.dp != nil {
+		errs = append(errs, nc.dp.Close())
+	}
+	if nc.rules.SandboxID != "" {
+		errs = append(errs, nfrules.Remove(nc.rules))
+	}
+	if nc.sb != nil {
+		errs = append(errs, nc.sb.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,184 @@
+package daemon
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// StatusVersion is the version of the status JSON; fields are only ever
+// added within a version (docs/status.md).
+const StatusVersion = 1
+
+// SandboxStatus is what `carbd status --json` prints for one sandbox.
+type SandboxStatus struct {
+	Version   int               `json:"version"`
+	ID        string            `json:"id"`
+	Backend   string            `json:"backend"`
+	Pid       int               `json:"pid"`
+	Workdir   string            `json:"workdir"`
+	Started   time.Time         `json:"started"`
+	Task      string            `json:"task"`
+	Policy    string            `json:"policy"`
+	Oracle    string            `json:"oracle"`
+	State     string            `json:"state"` // running, stopped (ledger), exiting
+	Scope     *ScopeStatus      `json:"scope,omitempty"`
+	Ledger    *LedgerStatus     `json:"ledger,omitempty"`
+	Roles     []RoleStatus      `json:"roles,omitempty"`
+	Decisions DecisionCounts    `json:"decisions"`
+	Datapath  map[string]uint64 `json:"datapath,omitempty"` // TC program counters by reason
+	Queue     QueueCounters     `json:"queue"`
+	Files     FileCounters      `json:"files"`
+	Kernel    KernelFeatures    `json:"kernel"`
+}
+
+// ScopeStatus is the open speculative scope.
+type ScopeStatus struct {
+	ID   uint64       `json:"id"`
+	Held []HeldEffect `json:"held"`
+}
+
+// HeldEffect is one effect waiting: in the open scope, or for the
+// operator's answer.
+type HeldEffect struct {
+	ID            uint64    `json:"id"`
+	Since         time.Time `json:"since"`
+	AgeMillis     int64     `json:"age_ms"`
+	Kind          string    `json:"kind"`
+	Op            string    `json:"op"`
+	Obj           string    `json:"obj"`
+	Reason        string    `json:"reason"`
+	Justification string    `json:"justification"`
+	Deadline      time.Time `json:"deadline,omitzero"` // operator oracle: refused at this time
+	Pending       bool      `json:"pending"`           // waiting for carbd approve/deny
+}
+
+// LedgerStatus is the G-CARB gate.
+type LedgerStatus struct {
+	Score   float64 `json:"score"`
+	Lambda  float64 `json:"lambda"`
+	Stopped bool    `json:"stopped"`
+}
+
+// RoleStatus is a per-role budget and its certificate.
+type RoleStatus struct {
+	Role        string  `json:"role"`
+	Stratum     string  `json:"stratum"`
+	Threshold   float64 `json:"threshold"`
+	Alpha       float64 `json:"alpha"`
+	CPUpper     float64 `json:"cp_upper"`
+	Certifiable bool    `json:"certifiable"`
+}
+
+// DecisionCounts are the engine's counters.
+type DecisionCounts struct {
+	Proposed  uint64 `json:"proposed"`
+	Released  uint64 `json:"released"`
+	Refused   uint64 `json:"refused"`
+	Deferred  uint64 `json:"deferred"`
+	Scopes    uint64 `json:"scopes"`
+	Committed uint64 `json:"scopes_committed"`
+	Aborted   uint64 `json:"scopes_aborted"`
+}
+
+// QueueCounters are the verdict loop's and the kernel queue's counters.
+type QueueCounters struct {
+	Queued        uint64 `json:"queued"`
+	Accepted      uint64 `json:"accepted"`
+	Dropped       uint64 `json:"dropped"`
+	Held          uint64 `json:"held"`
+	KernelDropped uint64 `json:"kernel_queue_dropped"`
+	SocketDropped uint64 `json:"socket_dropped"`
+}
+
+// FileCounters are the file channel's counters.
+type FileCounters struct {
+	Events    uint64 `json:"events"`
+	Lost      uint64 `json:"ringbuf_lost"`
+	Committed uint64 `json:"committed"`
+	Aborted   uint64 `json:"aborted"`
+	Refused   uint64 `json:"refused"`
+}
+
+// KernelFeatures says what carbd uses on this host.
+type KernelFeatures struct {
+	TC        string `json:"tc"`        // tcx or clsact
+	Netfilter string `json:"netfilter"` // nft-queue or xt-nfqueue
+	Tracing   string `json:"tracing"`   // tp_btf, raw_tracepoint, off
+	Overlay   string `json:"overlay"`
+}
+
+// WriteText renders statuses for a terminal.
+func WriteText(w io.Writer, sts []SandboxStatus, now time.Time) {
+	if len(sts) == 0 {
+		fmt.Fprintln(w, "no sandboxes running")
+		return
+	}
+	for i, s := range sts {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "sandbox %s  %s  pid %d  %s  up %s\n", s.ID, s.Backend, s.Pid, strings.ToUpper(s.State), now.Sub(s.Started).Round(time.Second))
+		fmt.Fprintf(w, "  workdir  %s\n  task     %s\n  policy   %s   oracle %s\n", s.Workdir, oneLine(s.Task, 100), s.Policy, s.Oracle)
+		d := s.Decisions
+		fmt.Fprintf(w, "  effects  %d proposed: %d released, %d refused, %d deferred; scopes %d (%d committed, %d aborted)\n",
+			d.Proposed, d.Released, d.Refused, d.Deferred, d.Scopes, d.Committed, d.Aborted)
+		if s.Ledger != nil {
+			mark := "below"
+			if s.Ledger.Stopped {
+				mark = "STOPPED"
+			} else if s.Ledger.Score >= s.Ledger.Lambda {
+				mark = "AT"
+			}
+			fmt.Fprintf(w, "  ledger   score %.2f / stop at %.2f (%s)\n", s.Ledger.Score, s.Ledger.Lambda, mark)
+		}
+		for _, r := range s.Roles {
+			cert := "expectation only"
+			if r.Certifiable {
+				cert = fmt.Sprintf("certified (CP %.4f)", r.CPUpper)
+			}
+			fmt.Fprintf(w, "  role     %-10s α=%-6g τ=%.3f stratum %s, %s\n", r.Role, r.Alpha, r.Threshold, r.Stratum, cert)
+		}
+		if s.Scope != nil && len(s.Scope.Held) > 0 {
+			fmt.Fprintf(w, "  scope %d holds %d effects:\n", s.Scope.ID, len(s.Scope.Held))
+			for _, h := range s.Scope.Held {
+				pend := ""
+				if h.Pending {
+					pend = fmt.Sprintf("  [operator: carbd approve %d | deny %d, refused in %s]", h.ID, h.ID, h.Deadline.Sub(now).Round(time.Second))
+				}
+				fmt.Fprintf(w, "    #%-5d %-9s %6s  %s %s — %s%s\n", h.ID, h.Kind, time.Duration(h.AgeMillis*int64(time.Millisecond)).Round(time.Millisecond), h.Op, oneLine(h.Obj, 50), oneLine(h.Justification, 90), pend)
+			}
+		}
+		q := s.Queue
+		fmt.Fprintf(w, "  queue    %d queued, %d accepted, %d dropped, %d held; kernel queue drops %d, socket drops %d\n",
+			q.Queued, q.Accepted, q.Dropped, q.Held, q.KernelDropped, q.SocketDropped)
+		if len(s.Datapath) > 0 {
+			keys := make([]string, 0, len(s.Datapath))
+			for k := range s.Datapath {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			parts := make([]string, 0, len(keys))
+			for _, k := range keys {
+				if s.Datapath[k] > 0 {
+					parts = append(parts, fmt.Sprintf("%s=%d", k, s.Datapath[k]))
+				}
+			}
+			fmt.Fprintf(w, "  datapath %s\n", strings.Join(parts, " "))
+		}
+		f := s.Files
+		fmt.Fprintf(w, "  files    %d events (%d lost), %d committed, %d aborted, %d refused\n", f.Events, f.Lost, f.Committed, f.Aborted, f.Refused)
+		k := s.Kernel
+		fmt.Fprintf(w, "  kernel   tc=%s netfilter=%s tracing=%s overlay=%s\n", k.TC, k.Netfilter, k.Tracing, k.Overlay)
+	}
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
