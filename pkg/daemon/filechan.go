@@ -86,7 +86,10 @@ func (fc *fileChannel) locationLabel(path string) (decide.Label, bool) {
 // provenance (what the agent reads) and early decisions on writes; when
 // the kernel refuses it, the file channel still stages and decides every
 // change at commit points, and status says tracing is off.
-func (fc *fileChannel) startTracing(ctx context.Context) (cgroupPath string) {
+//
+// view is where the traced processes see the merged view: the working
+// directory's path in a namespace sandbox, "/" for virtiofsd.
+func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPath string) {
 	cg, err := fileev.NewCgroup("carbd-" + fc.d.cfg.ID)
 	if err != nil {
 		fc.d.log.Warn("file tracing off: no cgroup", "err", err)
@@ -98,7 +101,7 @@ func (fc *fileChannel) startTracing(ctx context.Context) (cgroupPath string) {
 		fc.d.log.Warn("file tracing off", "err", err)
 		return cg.Path
 	}
-	if _, err := tr.Trace(fileev.Target{Cgroup: cg.Path, View: fc.d.cfg.Workdir}); err != nil {
+	if _, err := tr.Trace(fileev.Target{Cgroup: cg.Path, View: view}); err != nil {
 		tr.Close()
 		fc.d.log.Warn("file tracing off", "err", err)
 		return cg.Path

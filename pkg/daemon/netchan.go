@@ -37,6 +37,11 @@ type netChannel struct {
 	dns     *dnsproxy.Proxy
 	cap     *capture.Capture
 	sb      *netns.Sandbox
+	// agentDir is the agent's control directory (task, notices).
+	agentDir string
+	// closers of the backend's resources (sandbox, tap, VM), run in
+	// reverse after the hooks are down.
+	closers []func() error
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	nat     func() error
@@ -103,8 +108,36 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 		return nil, err
 	}
 	_ = os.WriteFile(filepath.Join(agentDir, "task"), []byte(d.cfg.Task), 0o644)
-	cgroup := d.files.startTracing(ctx)
+	nc.agentDir = agentDir
+	switch d.cfg.Backend {
+	case "netns":
+		err = nc.startNetns(ctx, lctx, tcfg)
+	default:
+		err = startBackend(ctx, lctx, nc, tcfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return nc, nil
+}
 
+// startBackend starts the sandboxes of backends other than netns; each
+// registers itself (backend_*.go).
+var backends = map[string]func(ctx, lctx context.Context, nc *netChannel, tcfg tcx.Config) error{}
+
+func startBackend(ctx, lctx context.Context, nc *netChannel, tcfg tcx.Config) error {
+	start, ok := backends[nc.d.cfg.Backend]
+	if !ok {
+		return fmt.Errorf("backend %q is not available in this build", nc.d.cfg.Backend)
+	}
+	return start(ctx, lctx, nc, tcfg)
+}
+
+// startNetns starts the embedded default: namespaces behind a veth pair
+// whose host side gets the hooks before it comes up.
+func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) error {
+	d, plan := nc.d, nc.plan
+	cgroup := d.files.startTracing(ctx, d.cfg.Workdir)
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
 		"CARBD_TASK=" + d.cfg.Task, "CARBD_NOTICES=/run/carbd/notices", "CARBD_SANDBOX=" + d.cfg.ID}
 	if t := os.Getenv("TERM"); t != "" {
@@ -118,7 +151,7 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 		Plan: plan, Workdir: d.cfg.Workdir, Merged: d.files.merged, Argv: d.cfg.Argv, Env: env,
 		UID: d.cfg.UID, GID: d.cfg.GID, Hostname: "carbd-" + d.cfg.ID,
 		DNS:    []netip.Addr{plan.HostAddr4.Addr()},
-		Binds:  append([]netns.Bind{{Source: agentDir, Target: "/run/carbd", Writable: true}}, d.cfg.Binds...),
+		Binds:  append([]netns.Bind{{Source: nc.agentDir, Target: "/run/carbd", Writable: true}}, d.cfg.Binds...),
 		Cgroup: cgroup,
 		BeforeUp: func(host netlink.Link) error {
 			return nc.hooks(lctx, tcfg)
@@ -126,11 +159,12 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 		Stdin: stdin, Stdout: d.cfg.Stdout, Stderr: d.cfg.Stderr,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	nc.sb = sb
+	nc.closers = append(nc.closers, sb.Close)
 	d.sandbox = sb
-	return nc, nil
+	return nil
 }
 
 type eofReader struct{}
@@ -319,8 +353,8 @@ func (nc *netChannel) writePcap(w io.Writer) error {
 
 func (nc *netChannel) close() error {
 	var errs []error
-	if nc.sb != nil {
-		_ = nc.sb.Kill()
+	if nc.d.sandbox != nil {
+		_ = nc.d.sandbox.Kill()
 	}
 	if nc.cap != nil {
 		nc.cap.Close()
@@ -341,8 +375,8 @@ func (nc *netChannel) close() error {
 	if nc.rules.SandboxID != "" {
 		errs = append(errs, nfrules.Remove(nc.rules))
 	}
-	if nc.sb != nil {
-		errs = append(errs, nc.sb.Close())
+	for i := len(nc.closers) - 1; i >= 0; i-- {
+		errs = append(errs, nc.closers[i]())
 	}
 	return errors.Join(errs...)
 }
