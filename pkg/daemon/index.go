@@ -12,12 +12,17 @@ import (
 	"github.com/carbd/carbd/pkg/sandbox/netns"
 )
 
+// IndexDir holds the sandbox index locks. It is machine-wide whatever the
+// state directory: addresses, interface names and queue numbers are global
+// to the host.
+const IndexDir = "/run/carbd-index"
+
 // claimIndex gives the sandbox an index unique among the live sandboxes of
 // the host (addresses, queue number): an flock'ed file per index, held for
 // the daemon's life, so a crashed daemon's index is free again. A sandbox
 // gets back the index it had before when it is free.
 func claimIndex(stateDir, id string) (func() error, int, error) {
-	dir := filepath.Join(stateDir, "index")
+	dir := IndexDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, 0, err
 	}
