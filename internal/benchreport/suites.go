@@ -6,9 +6,79 @@ var suites = []suite{
 	{
 		Title: "Decision engine (pkg/decide)",
 		Pkg:   "./pkg/decide/",
-		Bench: ".",
+		Bench: "DecidePolicyOnly",
 		Goals: []goal{
 			{Name: "BenchmarkDecidePolicyOnly", Metric: "decisions/s", Text: "policy-only decisions ≥ 1M/s on one core", OK: func(v float64) bool { return v >= 1e6 }},
+		},
+	},
+	{
+		Title: "Sensitive scan and provenance sets (pkg/decide/match)",
+		Pkg:   "./pkg/decide/match/",
+		Bench: "Scan1MiB10kTokens|Add10kTokens|ValueSetContains",
+		Ratios: []ratio{
+			{Label: "carbd's index vs a strings.Contains loop", Name: "BenchmarkScan1MiB10kTokens/index/Scan", Base: "BenchmarkScan1MiB10kTokens/naive-contains", Metric: "MB/s"},
+			{Label: "carbd's index vs petar-dambovaliev/aho-corasick", Name: "BenchmarkScan1MiB10kTokens/index/Scan", Base: "BenchmarkScan1MiB10kTokens/petar-dambovaliev-aho-corasick", Metric: "MB/s"},
+			{Label: "carbd's index vs cloudflare/ahocorasick", Name: "BenchmarkScan1MiB10kTokens/index/Scan", Base: "BenchmarkScan1MiB10kTokens/cloudflare-ahocorasick", Metric: "MB/s"},
+		},
+		Goals: []goal{
+			{Name: "BenchmarkScan1MiB10kTokens/index/Scan", Metric: "MB/s", Text: "sensitive scan of 1 MiB against 10,000 tokens ≥ 1 GB/s", OK: func(v float64) bool { return v >= 1000 }},
+			{Name: "BenchmarkAdd10kTokens", Metric: "ns/op", Text: "adding 10,000 tokens < 50 ms", OK: func(v float64) bool { return v < 50e6 }},
+		},
+	},
+	{
+		Title: "Conformal calibration (pkg/calib)",
+		Pkg:   "./pkg/calib/",
+		Bench: "Calibrate1M|Allowed|CalibrateLedger",
+		Goals: []goal{
+			{Name: "BenchmarkCalibrate1M", Metric: "ns/op", Text: "calibrating 1M fields < 1 s", OK: func(v float64) bool { return v < 1e9 }},
+		},
+	},
+	{
+		Title: "AgentDojo evaluation (pkg/calib/eval)",
+		Pkg:   "./pkg/calib/eval/",
+		Bench: "EvaluatePipeline",
+	},
+	{
+		Title: "TC datapath (pkg/hooks/tcx)",
+		Pkg:   "./pkg/hooks/tcx/",
+		Bench: ".",
+		Root:  true,
+		Goals: []goal{
+			{Name: "BenchmarkReleasedTCPThroughput", Metric: "carbd-ratio", Text: "released-flow TCP throughput with carbd vs without ≥ 0.95", OK: func(v float64) bool { return v >= 0.95 }},
+		},
+	},
+	{
+		Title: "Verdict loop (pkg/hooks/nfq)",
+		Pkg:   "./pkg/hooks/nfq/",
+		Bench: "ReleasedTCPThroughput|FirstPacketLatency|DecisionsPerSecond|HeldFlowsMemory",
+		Root:  true,
+		Goals: []goal{
+			{Name: "BenchmarkReleasedTCPThroughput", Metric: "carbd/baseline", Text: "released-flow TCP throughput ratio ≥ 0.95", OK: func(v float64) bool { return v >= 0.95 }},
+			{Name: "BenchmarkFirstPacketLatency", Metric: "added-p99-µs", Text: "added first-packet latency p99 ≤ 300 µs", OK: func(v float64) bool { return v <= 300 }},
+		},
+	},
+	{
+		Title: "Packet parsing (pkg/hooks/netparse)",
+		Pkg:   "./pkg/hooks/netparse/",
+		Bench: ".",
+	},
+	{
+		Title: "Staging (pkg/staging)",
+		Pkg:   "./pkg/staging/",
+		Bench: "FileCycle|Commit",
+		Root:  true,
+		Ratios: []ratio{
+			{Label: "4 KB cycle on the staged merged view vs plain overlayfs", Name: "BenchmarkFileCycle/staged", Base: "BenchmarkFileCycle/overlay", Metric: "ns/op"},
+			{Label: "4 KB cycle on the staged merged view vs plain ext4", Name: "BenchmarkFileCycle/staged", Base: "BenchmarkFileCycle/ext4", Metric: "ns/op"},
+		},
+	},
+	{
+		Title: "File tracing (pkg/hooks/fileev)",
+		Pkg:   "./pkg/hooks/fileev/",
+		Bench: ".",
+		Root:  true,
+		Goals: []goal{
+			{Name: "BenchmarkFileCycle/fsync", Metric: "ratio", Text: "4 KB cycle with tracing ≤ 1.15 × without", OK: func(v float64) bool { return v <= 1.15 }},
 		},
 	},
 }
