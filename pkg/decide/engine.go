@@ -80,7 +80,8 @@ type Engine struct {
 	scope     *scope
 	nextScope uint64
 	stopped   *Decision // the ledger stop, once the episode is stopped
-	trace     []traceEntry
+	trace     []traceEntry // a ring; traceHead is its oldest entry once full
+	traceHead int
 	opCache   map[string]*OpSpec
 	stats     Stats
 	audit     *auditor
@@ -238,13 +239,27 @@ func (e *Engine) observeLocked(ev *Event) {
 	e.remember(traceEntry{ev: kept, label: l, untrusted: l.Integrity == Untrusted})
 }
 
-// remember appends to the bounded trace, dropping the oldest half when
-// it reaches twice its bound.
+// remember appends to the bounded trace: a ring of the MaxTraceEvents
+// most recent events.
 func (e *Engine) remember(t traceEntry) {
-	if len(e.trace) >= 2*e.opt.MaxTraceEvents {
-		e.trace = append([]traceEntry(nil), e.trace[len(e.trace)-e.opt.MaxTraceEvents:]...)
+	if len(e.trace) < e.opt.MaxTraceEvents {
+		e.trace = append(e.trace, t)
+		return
 	}
-	e.trace = append(e.trace, t)
+	e.trace[e.traceHead] = t
+	e.traceHead = (e.traceHead + 1) % len(e.trace)
+}
+
+// recent returns the last n remembered events, oldest first.
+func (e *Engine) recent(n int) []traceEntry {
+	if n > len(e.trace) {
+		n = len(e.trace)
+	}
+	out := make([]traceEntry, 0, n)
+	for i := len(e.trace) - n; i < len(e.trace); i++ {
+		out = append(out, e.trace[(e.traceHead+i)%len(e.trace)])
+	}
+	return out
 }
 
 // locationLabel returns the label of a path the agent wrote: the open

@@ -40,11 +40,12 @@ func (e *Engine) viewLocked(ds []*Decision) *View {
 		}
 		v.Deferred = append(v.Deferred, de)
 	}
+	trace := e.recent(len(e.trace))
 	start := 0
-	if len(e.trace) > maxViewLines {
-		start = len(e.trace) - maxViewLines
+	if len(trace) > maxViewLines {
+		start = len(trace) - maxViewLines
 	}
-	for _, t := range e.trace[start:] {
+	for _, t := range trace[start:] {
 		line := t.ev.Summary()
 		if t.ev.Dir == In {
 			line = "read from " + t.ev.Origin() + ": " + firstLines(t.ev.Content, maxContentLines)
@@ -60,7 +61,7 @@ func (e *Engine) viewLocked(ds []*Decision) *View {
 			if len(nv) < 4 {
 				continue
 			}
-			for _, t := range e.trace {
+			for _, t := range trace {
 				if t.ev.Dir != In || len(v.Mentions) >= maxMentions {
 					continue
 				}
