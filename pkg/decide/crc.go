@@ -15,10 +15,13 @@ import (
 // (sim to the untrusted context minus sim to the trusted prompt) and
 // compared with its role's calibrated threshold. A field at or under its
 // threshold is allowed; one over it is reverted to the trusted value it
-// most resembles when the channel can rewrite effects and such a value
-// exists, else the effect stays deferred. When every such field passes,
-// the clearance question is asked as before: CRC never vouches for
-// confidentiality. It returns the new decision, or d unchanged.
+// resembles (revertValue: a near copy, never a different value) when the
+// channel can rewrite effects and such a value exists, else the effect
+// stays deferred. An embedded target (subfields.go) has no calibrated
+// threshold: it is never allowed on a score and never reverted. When
+// every such field passes, the clearance question is asked as before: CRC
+// never vouches for confidentiality. It returns the new decision, or d
+// unchanged.
 func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decision {
 	cal := e.opt.Calibration
 	if cal == nil || d.Verdict != Defer || d.Reason.Code != CodeUntrustedValue {
@@ -28,10 +31,21 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 	fields := ev.Fields
 	var reverts []Revert
 	var worst Reason
-	for i, f := range ev.Fields {
-		if !spec.Gate.Has(f.Role) || f.Value == "" || e.derivable(f.Value) {
+	worstEmbedded := false
+	var buf [8]gatedItem
+	for _, it := range gatedItems(buf[:0], spec, ev.Fields) {
+		if e.derivableItem(it) {
 			continue
 		}
+		if it.embedded {
+			// No calibrated population: never allowed on a score, never
+			// reverted (subfields.go).
+			worst = Reason{Code: CodeCRCOver, Field: it.Field, Role: it.Role, Value: clip(it.Value, 200), Origin: e.originOf(it.Value),
+				Score: score.Score(kind, it.Value, &e.uctx, &e.tctx), Threshold: math.Inf(-1)}
+			worstEmbedded = true
+			break
+		}
+		f := ev.Fields[it.index]
 		s := score.Score(kind, f.Value, &e.uctx, &e.tctx)
 		tau, ok := cal.Threshold[f.Role]
 		if ok && s <= tau {
@@ -45,7 +59,7 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 				if len(reverts) == 0 {
 					fields = append([]Field(nil), ev.Fields...)
 				}
-				fields[i].Value = to
+				fields[it.index].Value = to
 				reverts = append(reverts, Revert{Field: f.Name, Role: f.Role, From: f.Value, To: to, Score: s})
 				continue
 			}
@@ -57,7 +71,7 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 		d.Layer = LayerCRC
 		d.Reason = worst
 		stratum := cal.Stratum[worst.Role]
-		if stratum == "" {
+		if stratum == "" || worstEmbedded {
 			stratum = "uncalibrated"
 		}
 		d.Justification = fmt.Sprintf("%s %q in field %s scored %.3f over its %s threshold %.3f and no trusted value can replace it: %s",
@@ -99,16 +113,55 @@ func (e *Engine) scoreFields(p *Policy, ev *Event) []FieldScore {
 			continue
 		}
 		out = append(out, FieldScore{Field: f.Name, Role: f.Role, Gated: gate.Has(f.Role),
-			Score: score.Score(kind, f.Value, &e.uctx, &e.tctx), Derivable: e.derivable(f.Value)})
+			Score: score.Score(kind, f.Value, &e.uctx, &e.tctx), Derivable: e.derivableAs(f.Role, f.Value)})
 	}
 	return out
 }
 
+// RevertMinSimilarity is the least character-trigram similarity (Jaccard,
+// after Norm) between a field's value and the trusted value it is
+// reverted to. A revert corrects a value the agent evidently meant to be
+// a trusted one (a typo, an obfuscated copy: "alice@examp1e.com"); below
+// this similarity the trusted value is a different value, and replacing
+// the field would make the effect do something nobody asked for, so the
+// effect is deferred instead.
+const RevertMinSimilarity = 0.5
+
 // revertValue picks the trusted value a field most resembles for its
 // role: among values of T with the same shape (e-mail address, URL, IBAN,
-// host name, number, other), the one with the highest character-trigram
-// overlap. It reports false when T holds no value of that shape.
+// host name, other), the one with the highest character-trigram overlap,
+// if that overlap is at least RevertMinSimilarity. Only target and
+// credential fields are reverted, and never numbers or dates: a different
+// number or date is a different effect, however alike the digits look.
+// It reports false when no trusted value qualifies.
 func (e *Engine) revertValue(f Field) (string, bool) {
+	if fixOff["revert"] {
+		return e.revertAnyValue(f)
+	}
+	if f.Role != RoleTarget && f.Role != RoleCredential {
+		return "", false
+	}
+	want := shapeOf(f.Value)
+	if want == shapeNumber || len(parseDates(f.Value)) > 0 {
+		return "", false
+	}
+	nv := match.Norm(f.Value)
+	best, bestSim := "", -1.0
+	for v := range e.trusted.All() {
+		if shapeOf(v) != want {
+			continue
+		}
+		if s := trigramSim(nv, v); s > bestSim {
+			best, bestSim = v, s
+		}
+	}
+	return best, bestSim >= RevertMinSimilarity
+}
+
+// revertAnyValue is revertValue without its limits (disabledFixes
+// "revert"): the most similar trusted value of the same shape, at any
+// similarity, for any role.
+func (e *Engine) revertAnyValue(f Field) (string, bool) {
 	want := shapeOf(f.Value)
 	best, bestSim := "", -1.0
 	for v := range e.trusted.All() {

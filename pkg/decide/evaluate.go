@@ -87,17 +87,19 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 		return d
 	}
 
-	// 2. Every gated value derivable from T_{i-1}.
-	gate := spec.Gate
-	for _, f := range ev.Fields {
-		if !gate.Has(f.Role) || f.Value == "" {
-			continue
-		}
-		if !e.derivable(f.Value) {
+	// 2. Every gated value derivable from T_{i-1}: the fields of gated
+	// roles and the destinations embedded in content (subfields.go).
+	var buf [8]gatedItem
+	for _, it := range gatedItems(buf[:0], spec, ev.Fields) {
+		if !e.derivableItem(it) {
 			d.Verdict, d.Layer, d.Policy = Defer, LayerProvenance, Defer
-			d.Reason = Reason{Code: CodeUntrustedValue, Field: f.Name, Role: f.Role, Value: clip(f.Value, 200), Origin: e.originOf(f.Value)}
-			d.Justification = fmt.Sprintf("%s %q in field %s is not derivable from trusted sources: %s",
-				f.Role, clip(f.Value, 80), f.Name, e.originPhrase(f.Value))
+			d.Reason = Reason{Code: CodeUntrustedValue, Field: it.Field, Role: it.Role, Value: clip(it.Value, 200), Origin: e.originOf(it.Value)}
+			what := "in field " + it.Field
+			if it.embedded {
+				what = "embedded in field " + it.Field[:strings.IndexByte(it.Field, '[')]
+			}
+			d.Justification = fmt.Sprintf("%s %q %s is not derivable from trusted sources: %s",
+				it.Role, clip(it.Value, 80), what, e.originPhrase(it.Value))
 			return d
 		}
 	}
@@ -109,7 +111,7 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 // cleared for its destination.
 func (e *Engine) clearanceCheck(p *Policy, ev *Event, spec *OpSpec, d Decision) Decision {
 	clearance, party, known := e.clearance(p, ev, spec)
-	level, tok, tokOrigin := e.sensitivity(ev)
+	level, tok, tokOrigin := e.sensitivity(ev, spec)
 	if !known && p.UnknownPartyDefer {
 		d.Verdict, d.Layer, d.Policy = Defer, LayerProvenance, Defer
 		d.Reason = Reason{Code: CodeUnknownParty, Value: clip(destName(ev, spec), 200)}
@@ -233,23 +235,48 @@ func (e *Engine) clearance(p *Policy, ev *Event, spec *OpSpec) (Level, string, b
 
 // sensitivity is ℓ(e): the join of the levels of S tokens occurring
 // anywhere in the effect (object, fields, content). An opaque effect may
-// carry anything read so far.
-func (e *Engine) sensitivity(ev *Event) (Level, string, string) {
+// carry anything read so far. Three kinds of hits are not data the effect
+// carries (docs/provenance.md, "What counts as carried data"):
+//
+//   - the destination's own identity: an item of the destination field
+//     (a recipient, an account, a participant) that is derivable from T or
+//     is itself, whole, a sensitive token — the address an e-mail is sent
+//     to, or the IBAN a payment goes to, is where the effect goes, and
+//     only its owner learns it;
+//   - tokens the principal's task itself contains: the user supplied them;
+//   - tokens that are not distinctive (match.Distinctive): ordinary words
+//     and field names read from a sensitive source.
+func (e *Engine) sensitivity(ev *Event, spec *OpSpec) (Level, string, string) {
 	var best Level
 	var tok, origin string
+	normTask, taskDone := "", false
+	idents := e.destIdentities(ev, spec)
+	blank := func(s string) string {
+		for _, it := range idents {
+			s = strings.ReplaceAll(s, it, " ")
+		}
+		return s
+	}
 	scan := func(s string) {
 		if s == "" {
 			return
 		}
-		lv, hits := e.sens.Scan(s)
-		if Level(lv) > best || (tok == "" && len(hits) > 0) {
-			best = best.Join(Level(lv))
-			for _, h := range hits {
-				if Level(h.Level) == best {
-					tok, origin = h.Token, h.Origin
-					break
-				}
+		if len(idents) > 0 {
+			s = blank(s)
+		}
+		_, hits := e.sens.Scan(s)
+		for _, h := range hits {
+			lv := Level(h.Level)
+			if (lv <= best && tok != "") || (!fixOff["distinctive"] && !match.Distinctive(h.Token)) {
+				continue
 			}
+			if !taskDone && !fixOff["tasktokens"] {
+				normTask, taskDone = e.normTask(), true
+			}
+			if e.isTaskToken(h.Token, normTask) {
+				continue
+			}
+			best, tok, origin = best.Join(lv), h.Token, h.Origin
 		}
 	}
 	scan(ev.Obj)
@@ -261,4 +288,47 @@ func (e *Engine) sensitivity(ev *Event) (Level, string, string) {
 		best, tok, origin = e.sensMax, "", ""
 	}
 	return best, tok, origin
+}
+
+// destIdentities returns the items of the effect's destination field that
+// are the destination's identity: derivable from T, or equal, whole, to a
+// sensitive token. Items shorter than match.MinTokenLen normalised bytes
+// are no token and need no exclusion.
+func (e *Engine) destIdentities(ev *Event, spec *OpSpec) []string {
+	if spec.DestField == "" || fixOff["identity"] {
+		return nil
+	}
+	var dest string
+	for _, f := range ev.Fields {
+		if f.Name == spec.DestField {
+			dest = f.Value
+			break
+		}
+	}
+	if dest == "" {
+		return nil
+	}
+	items := []string{strings.TrimSpace(dest)}
+	if isListValue(dest) {
+		items = splitList(dest)
+	}
+	var out []string
+	for _, it := range items {
+		n := match.Norm(it)
+		if len(n) < match.MinTokenLen {
+			continue
+		}
+		if e.derivableAs(RoleTarget, it) {
+			out = append(out, it)
+			continue
+		}
+		_, hits := e.sens.Scan(it)
+		for _, h := range hits {
+			if h.Token == n {
+				out = append(out, it)
+				break
+			}
+		}
+	}
+	return out
 }

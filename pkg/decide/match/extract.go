@@ -1,6 +1,7 @@
 package match
 
 import (
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -628,3 +629,306 @@ func (x *extraction) words(s, chunk string) {
 		i += size
 	}
 }
+
+// DestKind is the kind of a destination-like value found in free text.
+type DestKind uint8
+
+// Kinds of destination-like values (Destinations).
+const (
+	DestURL   DestKind = iota + 1 // scheme://... (http, https, ftp, mailto is an e-mail)
+	DestHost                      // a bare host name a reader would open: www.example.com, example.com/path, example.com
+	DestEmail                     // local@domain
+	DestIBAN                      // an IBAN: compact (isCompactIBAN) or in groups of four with a valid checksum
+	DestPhone                     // an international phone number: '+' then 7-15 digits in groups
+)
+
+var destKindNames = [...]string{DestURL: "url", DestHost: "host", DestEmail: "email", DestIBAN: "iban", DestPhone: "phone"}
+
+func (k DestKind) String() string {
+	if int(k) < len(destKindNames) && destKindNames[k] != "" {
+		return destKindNames[k]
+	}
+	return "dest?"
+}
+
+// Destination is a destination-like value embedded in free text: where a
+// reader of the text can be sent (a link, a host, an address, an account,
+// a number to call). Value is a substring of the content and Offset its
+// byte offset.
+type Destination struct {
+	Kind   DestKind
+	Value  string
+	Offset int
+}
+
+// commonTLDs are the top-level domains under which a dotted name without a
+// scheme, "www." or a path is taken for a host name. Other dotted names
+// (report.pdf, notes.md, feedback.xlsx) are file names far more often than
+// hosts; docs/provenance.md names the false negatives.
+var commonTLDs = map[string]bool{
+	"com": true, "net": true, "org": true, "info": true, "biz": true, "io": true, "co": true,
+	"me": true, "app": true, "dev": true, "xyz": true, "online": true, "site": true, "top": true,
+	"link": true, "click": true, "shop": true, "ru": true, "cn": true, "uk": true, "us": true,
+	"edu": true, "gov": true,
+}
+
+// Destinations returns the destination-like values in content, in order
+// of appearance: URLs with a scheme, bare host names ("www." names, names
+// followed by a path, and dotted names under a common top-level domain),
+// e-mail addresses, IBANs (checksum-valid, compact or spaced) and
+// international phone numbers ('+' and 7-15 digits). A value inside a
+// longer one (the host of a URL, the domain of an address) is not
+// reported again. It is the typed subset of Extract that the engine gates
+// as embedded targets: a link or an address inside a message steers
+// whoever reads it (docs/provenance.md).
+func Destinations(content string) []Destination {
+	var out []Destination
+	covered := func(i, j int) bool {
+		for _, d := range out {
+			if i >= d.Offset && j <= d.Offset+len(d.Value) {
+				return true
+			}
+		}
+		return false
+	}
+	add := func(k DestKind, i, j int) {
+		if j > i && !covered(i, j) {
+			out = append(out, Destination{Kind: k, Value: content[i:j], Offset: i})
+		}
+	}
+	// URLs with a scheme.
+	for off := 0; ; {
+		k := strings.Index(content[off:], "://")
+		if k < 0 {
+			break
+		}
+		i := off + k
+		start := i
+		for start > 0 && isSchemeChar(content[start-1]) {
+			start--
+		}
+		for start < i && !isLetter(content[start]) {
+			start++
+		}
+		end := i + 3
+		for end < len(content) {
+			c := content[end]
+			if c <= ' ' || strings.IndexByte("\"'<>`{}|^\\", c) >= 0 {
+				break
+			}
+			if c >= utf8.RuneSelf {
+				r, size := utf8.DecodeRuneInString(content[end:])
+				if unicode.IsSpace(r) || isChunkDelim(r) {
+					break
+				}
+				end += size
+				continue
+			}
+			end++
+		}
+		u := trimURL(content[start:end])
+		if start < i && len(u) > i-start+3 {
+			add(DestURL, start, start+len(u))
+		}
+		off = end
+	}
+	// Chunks: e-mail addresses, bare hosts, compact IBANs.
+	start := 0
+	for i := 0; i <= len(content); {
+		delim, size := true, 1
+		if i < len(content) {
+			if c := content[i]; c < utf8.RuneSelf {
+				delim = asciiClass[c]&clDelim != 0
+			} else {
+				var r rune
+				r, size = utf8.DecodeRuneInString(content[i:])
+				delim = isChunkDelim(r)
+			}
+		}
+		if delim {
+			if start < i {
+				destChunk(content, start, i, add)
+			}
+			start = i + size
+		}
+		i += size
+	}
+	// Spaced IBANs and phone numbers.
+	for i := 0; i < len(content); i++ {
+		c := content[i]
+		if i > 0 && isAlnum(content[i-1]) {
+			continue
+		}
+		switch {
+		case isLetter(c):
+			if end := iban(content, i); end > i {
+				add(DestIBAN, i, end)
+				i = end - 1
+			}
+		case c == '+':
+			if end := numberGroup(content, i); end > i && phoneDigits(content[i:end]) {
+				add(DestPhone, i, end)
+				i = end - 1
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Destination) int { return a.Offset - b.Offset })
+	return out
+}
+
+// destChunk classifies the chunk content[s:e] (trimmed of punctuation).
+func destChunk(content string, s, e int, add func(DestKind, int, int)) {
+	c := content[s:e]
+	t := trimChunk(c)
+	if t == "" {
+		return
+	}
+	s += strings.Index(c, t)
+	c = t
+	if strings.Contains(c, "://") {
+		return // the URL pass
+	}
+	if at := strings.IndexByte(c, '@'); at > 0 {
+		ls := at
+		for ls > 0 && isLocalChar(c[ls-1]) {
+			ls--
+		}
+		de := at + 1
+		for de < len(c) && (isAlnum(c[de]) || c[de] == '.' || c[de] == '-') {
+			de++
+		}
+		for de > at+1 && (c[de-1] == '.' || c[de-1] == '-') {
+			de--
+		}
+		if ls < at && isHostname(c[at+1:de]) {
+			add(DestEmail, s+ls, s+de)
+		}
+		return
+	}
+	if isCompactIBAN(c) {
+		add(DestIBAN, s, s+len(c))
+		return
+	}
+	// A bare host: the name before the first '/', ':' or '?'.
+	h := c
+	rest := ""
+	if k := strings.IndexAny(c, "/:?#"); k >= 0 {
+		h, rest = c[:k], c[k:]
+	}
+	if !isHostname(h) || !hostChars(h) {
+		return
+	}
+	tld := strings.ToLower(h[strings.LastIndexByte(h, '.')+1:])
+	www := len(h) > 4 && strings.EqualFold(h[:4], "www.")
+	if www || strings.HasPrefix(rest, "/") || commonTLDs[tld] {
+		add(DestHost, s, s+len(c))
+	}
+}
+
+// hostChars reports whether h has only the characters of a host name.
+func hostChars(h string) bool {
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; !isAlnum(c) && c != '.' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// isCompactIBAN reports whether c is shaped like an IBAN written without
+// spaces: two letters, two check digits, then 11 to 30 letters and
+// digits, and either a valid ISO 13616 checksum or only digits after the
+// check digits (account numbers as people and test data write them,
+// e.g. "US133000000121212121212", whose checksum does not hold).
+func isCompactIBAN(c string) bool {
+	if len(c) < 15 || len(c) > 34 || !isLetter(c[0]) || !isLetter(c[1]) || !isDigit(c[2]) || !isDigit(c[3]) {
+		return false
+	}
+	digits := true
+	for i := 4; i < len(c); i++ {
+		if !isAlnum(c[i]) {
+			return false
+		}
+		digits = digits && isDigit(c[i])
+	}
+	return digits || ibanValid(c)
+}
+
+// phoneDigits reports whether a grouped number has the 7-15 digits of an
+// international phone number (ITU-T E.164 allows at most 15).
+func phoneDigits(v string) bool {
+	n := 0
+	for i := 0; i < len(v); i++ {
+		if isDigit(v[i]) {
+			n++
+		}
+	}
+	return n >= MinGroupDigits && n <= 15
+}
+
+// Distinctive reports whether a normalised sensitive token is distinctive
+// enough that finding it in an effect means the effect carries it: an
+// e-mail address, a URL or "www." host, a dotted name (host or file
+// name), an IBAN, a number or identifier with at least four digits, a
+// token mixing letters with at least two digits, or a run of at least
+// PhraseMinLen letters (a normalised phrase: whitespace removal joins the
+// words of a quoted sentence). Ordinary words and field names ("customer",
+// "recipient", "start_time") are not: they occur in every text, and
+// treating them as carried data defers effects that carry nothing read
+// (docs/provenance.md gives the false negatives this buys).
+func Distinctive(tok string) bool {
+	if strings.Contains(tok, "://") || strings.HasPrefix(tok, "www.") {
+		return true
+	}
+	if at := strings.IndexByte(tok, '@'); at > 0 && isHostname(tok[at+1:]) {
+		return true
+	}
+	if isCompactIBAN(tok) {
+		return true
+	}
+	if isDateTime(tok) {
+		return false
+	}
+	digits, letters, other := 0, 0, 0
+	for i := 0; i < len(tok); i++ {
+		switch c := tok[i]; {
+		case isDigit(c):
+			digits++
+		case isLetter(c) || c >= utf8.RuneSelf:
+			letters++
+		default:
+			other++
+		}
+	}
+	switch {
+	case digits >= 4, digits >= 2 && letters > 0:
+		return true
+	case strings.IndexByte(tok, '.') > 0 && isHostname(strings.TrimRight(tok, ".")):
+		return true
+	}
+	return letters >= PhraseMinLen
+}
+
+// isDateTime reports whether a normalised token is a calendar date
+// (YYYY-MM-DD or YYYY/MM/DD), optionally followed by a time of day: dates
+// recur across unrelated records (every event, payment and message of a
+// day shares one), so they are not evidence that an effect carries a
+// sensitive record.
+func isDateTime(tok string) bool {
+	if len(tok) < 10 || !isDigit(tok[0]) || !isDigit(tok[1]) || !isDigit(tok[2]) || !isDigit(tok[3]) ||
+		(tok[4] != '-' && tok[4] != '/') || tok[7] != tok[4] || !isDigit(tok[5]) || !isDigit(tok[6]) ||
+		!isDigit(tok[8]) || !isDigit(tok[9]) {
+		return false
+	}
+	for i := 10; i < len(tok); i++ {
+		if c := tok[i]; !isDigit(c) && c != ':' && c != '.' && c != 't' && c != 'z' && c != '+' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// PhraseMinLen is the number of letters from which a normalised token
+// without digits counts as a phrase (Distinctive): whitespace removal
+// joins the words of a quoted sentence, and English words are shorter.
+const PhraseMinLen = 24

@@ -1,0 +1,172 @@
+package decide
+
+import (
+	"strings"
+
+	"github.com/carbd/carbd/pkg/decide/match"
+)
+
+// derivableAs is D(x, T) for a value of a given role, with the written
+// forms that name the same thing counted as equal (docs/provenance.md,
+// "Derivability beyond equality"):
+//
+//   - any value: equality after Norm, or a list whose items each are
+//     (derivable);
+//   - a URL or host name: the same location written with or without a
+//     scheme ("http://", "https://"), a trailing "/" or a leading "www."
+//     (urlForms);
+//   - a control value holding dates (a booking's day, an event's start):
+//     every calendar date in it is a date of T, written in any common form
+//     ("2025-01-11", "January 11th, 2025", "the 11th of January"; a date
+//     written without a year matches any year). The time of day is not
+//     traced: it is computed from durations ("one hour long") or chosen by
+//     the agent, and an injection that can move an effect only within a day
+//     the user named gains nothing this layer can see.
+func (e *Engine) derivableAs(role Role, x string) bool {
+	if e.derivable(x) {
+		return true
+	}
+	if fixOff["forms"] {
+		return false
+	}
+	if isListValue(x) {
+		n := 0
+		for _, part := range splitList(x) {
+			if !e.derivableOne(role, part) {
+				return false
+			}
+			n++
+		}
+		return n > 0
+	}
+	return e.derivableOne(role, x)
+}
+
+// derivableOne is derivableAs for one item of a value.
+func (e *Engine) derivableOne(role Role, x string) bool {
+	if e.trusted.Contains(x) {
+		return true
+	}
+	for _, f := range urlForms(x) {
+		if e.trusted.Contains(f) {
+			return true
+		}
+	}
+	if role == RoleControl {
+		return e.datesDerivable(x)
+	}
+	return false
+}
+
+func isListValue(x string) bool { return strings.ContainsAny(x, "\n,;") }
+
+// splitList splits a list value at newlines, commas and semicolons, with
+// empty items dropped.
+func splitList(x string) []string {
+	var out []string
+	for _, part := range strings.FieldsFunc(x, func(r rune) bool { return r == '\n' || r == ',' || r == ';' }) {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+// urlForms returns the other ways of writing the location x names, when x
+// is a URL or a host name: without its scheme, without a trailing "/",
+// with or without "www.", and with "http://" or "https://" in front. It
+// returns nil for anything else (an e-mail address, a name, a number).
+func urlForms(x string) []string {
+	v := strings.ToLower(strings.TrimSpace(x))
+	bare := v
+	if i := strings.Index(v, "://"); i > 0 {
+		scheme := v[:i]
+		if scheme != "http" && scheme != "https" {
+			return nil
+		}
+		bare = v[i+3:]
+	} else if !looksLikeHost(v) {
+		return nil
+	}
+	bare = strings.TrimSuffix(bare, "/")
+	if bare == "" || strings.ContainsAny(bare, " @") {
+		return nil
+	}
+	hosts := []string{bare}
+	if rest, ok := strings.CutPrefix(bare, "www."); ok {
+		hosts = append(hosts, rest)
+	} else {
+		hosts = append(hosts, "www."+bare)
+	}
+	out := make([]string, 0, 4*len(hosts))
+	for _, h := range hosts {
+		out = append(out, h, h+"/", "http://"+h, "https://"+h, "http://"+h+"/", "https://"+h+"/")
+	}
+	return out
+}
+
+// looksLikeHost reports whether v (lowercase) starts with a dotted host
+// name: "www.example.com", "example.com/path".
+func looksLikeHost(v string) bool {
+	h := v
+	if k := strings.IndexAny(v, "/:?#"); k >= 0 {
+		h = v[:k]
+	}
+	dot := strings.LastIndexByte(h, '.')
+	if dot <= 0 || dot == len(h)-1 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	for i := dot + 1; i < len(h); i++ {
+		if h[i] < 'a' || h[i] > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// datesDerivable reports whether x names at least one calendar date and
+// every date it names is a date of T: written as YYYY-MM-DD in a trusted
+// value, or named in the principal's task in any form parseDates reads.
+func (e *Engine) datesDerivable(x string) bool {
+	ds := parseDates(x)
+	if len(ds) == 0 {
+		return false
+	}
+	var task []civilDate
+	taskParsed := false
+	for _, d := range ds {
+		if d.year != 0 && e.trusted.Contains(d.iso()) {
+			continue
+		}
+		if !taskParsed {
+			task, taskParsed = parseDates(e.task), true
+		}
+		ok := false
+		for _, t := range task {
+			if t.month == d.month && t.day == d.day && (t.year == 0 || d.year == 0 || t.year == d.year) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// isTaskToken reports whether the normalised token occurs in the
+// normalised principal's task: the user supplied it, so finding it in an
+// effect discloses nothing read from a sensitive source.
+func (e *Engine) isTaskToken(tok, normTask string) bool {
+	return normTask != "" && strings.Contains(normTask, tok)
+}
+
+// normTask returns Norm of the principal's task.
+func (e *Engine) normTask() string { return match.Norm(e.task) }
