@@ -30,7 +30,7 @@ func (e *Engine) viewLocked(ds []*Decision) *View {
 				}
 				var origin string
 				switch {
-				case e.derivable(f.Value):
+				case e.derivableAs(f.Role, f.Value):
 					origin = "supplied by the user's message or a trusted source"
 				default:
 					origin = e.originPhrase(f.Value)
