@@ -28,6 +28,11 @@ type Capture struct {
 	ifname  string
 	snaplen int
 
+	// onFrame, when set, is called with every frame (WithFrameFunc).
+	onFrame func(Record)
+	// rcvbuf, when set, is the socket's receive buffer (WithReadBuffer).
+	rcvbuf int
+
 	mu       sync.Mutex // guards everything below
 	recs     []Record
 	bytes    int
@@ -37,14 +42,38 @@ type Capture struct {
 	done     chan struct{}
 }
 
+// Option configures a Capture at Start.
+type Option func(*Capture)
+
+// WithFrameFunc has the capture call fn with every frame it reads, in
+// the order read, on the capture's reader goroutine, before the frame is
+// added to the bounded buffer. fn must not block (hand the frame to a
+// bounded queue and count what does not fit) and must not modify
+// Record.Data, which the buffer shares; it may keep the Record.
+func WithFrameFunc(fn func(Record)) Option {
+	return func(c *Capture) { c.onFrame = fn }
+}
+
+// WithReadBuffer sets the packet socket's receive buffer to n bytes
+// (SO_RCVBUFFORCE; the kernel doubles it). The default (rmem_default,
+// about 208 KiB) holds three 64 KiB offload frames: a burst larger than
+// that while the reader is not scheduled is dropped by the kernel.
+func WithReadBuffer(n int) Option {
+	return func(c *Capture) { c.rcvbuf = n }
+}
+
 // Start opens an AF_PACKET socket on ifname, inside the network
 // namespace at nsPath when it is not empty, and records every frame in
 // both directions.
-func Start(ifname, nsPath string, snaplen, maxBytes int) (*Capture, error) {
+func Start(ifname, nsPath string, snaplen, maxBytes int, opts ...Option) (*Capture, error) {
 	if snaplen <= 0 {
 		snaplen = 65535
 	}
 	var fd int
+	var c0 Capture
+	for _, o := range opts {
+		o(&c0)
+	}
 	open := func() error {
 		ifi, err := net.InterfaceByName(ifname)
 		if err != nil {
@@ -58,6 +87,12 @@ func Start(ifname, nsPath string, snaplen, maxBytes int) (*Capture, error) {
 			unix.Close(fd)
 			return fmt.Errorf("capture: bind to %s: %w", ifname, err)
 		}
+		if c0.rcvbuf > 0 {
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, c0.rcvbuf); err != nil {
+				unix.Close(fd)
+				return fmt.Errorf("capture: receive buffer of %d bytes: %w", c0.rcvbuf, err)
+			}
+		}
 		// Wake the reader periodically so Close never hangs.
 		tv := unix.Timeval{Usec: 200000}
 		return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
@@ -69,7 +104,8 @@ func Start(ifname, nsPath string, snaplen, maxBytes int) (*Capture, error) {
 	} else if err := open(); err != nil {
 		return nil, err
 	}
-	c := &Capture{fd: fd, ifname: ifname, snaplen: snaplen, maxBytes: maxBytes, done: make(chan struct{})}
+	c := &Capture{fd: fd, ifname: ifname, snaplen: snaplen, maxBytes: maxBytes, done: make(chan struct{}),
+		onFrame: c0.onFrame, rcvbuf: c0.rcvbuf}
 	go c.loop()
 	return c, nil
 }
@@ -108,7 +144,11 @@ func (c *Capture) loop() {
 		}
 		n, from, err := unix.Recvfrom(c.fd, buf, unix.MSG_TRUNC)
 		if err != nil {
-			if err == unix.EAGAIN || err == unix.EINTR {
+			// ENETDOWN: the interface was down when the socket was bound
+			// (carbd starts the capture before the interface comes up) or
+			// went down; the kernel reports it once and delivers frames
+			// again when the interface is up.
+			if err == unix.EAGAIN || err == unix.EINTR || err == unix.ENETDOWN {
 				continue
 			}
 			return
@@ -122,6 +162,9 @@ func (c *Capture) loop() {
 			dir = Ingress
 		}
 		rec := Record{Time: time.Now(), Data: append([]byte(nil), buf[:n]...), OrigLen: orig, Dir: dir}
+		if c.onFrame != nil {
+			c.onFrame(rec)
+		}
 		c.mu.Lock()
 		c.recs = append(c.recs, rec)
 		c.bytes += n
