@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -20,19 +21,13 @@ func init() {
 }
 
 func clients(stateDir, id string) ([]daemon.Client, error) {
-	cs, err := daemon.Sockets(stateDir)
-	if err != nil {
-		return nil, err
-	}
-	if id == "" {
-		return cs, nil
-	}
-	for _, c := range cs {
-		if c.ID() == id {
+	if id != "" {
+		if c, ok := daemon.SocketOf(stateDir, id); ok {
 			return []daemon.Client{c}, nil
 		}
+		return nil, fmt.Errorf("no running sandbox %q under %s", id, stateDir)
 	}
-	return nil, fmt.Errorf("no running sandbox %q under %s", id, stateDir)
+	return daemon.Sockets(stateDir)
 }
 
 func runStatus(_ context.Context, e *env, args []string) error {
@@ -50,6 +45,9 @@ func runStatus(_ context.Context, e *env, args []string) error {
 	var sts []daemon.SandboxStatus
 	for _, c := range cs {
 		resp, err := c.Do(daemon.Request{Cmd: "status"}, nil)
+		if skipDead(e, "status", *id, c, err) {
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("sandbox %s: %w", c.ID(), err)
 		}
@@ -62,6 +60,17 @@ func runStatus(_ context.Context, e *env, args []string) error {
 	}
 	daemon.WriteText(e.stdout, sts, time.Now())
 	return nil
+}
+
+// skipDead reports whether a listing goes on past a sandbox whose carbd
+// is gone (its socket stays after a crash), saying so on stderr. A
+// sandbox named with --sandbox is never skipped: its error is the answer.
+func skipDead(e *env, cmd, named string, c daemon.Client, err error) bool {
+	if named != "" || !errors.Is(err, daemon.ErrNotRunning) {
+		return false
+	}
+	fmt.Fprintf(e.stderr, "carbd %s: sandbox %s: %v\n", cmd, c.ID(), daemon.ErrNotRunning)
+	return true
 }
 
 func nonNil(s []daemon.SandboxStatus) []daemon.SandboxStatus {
@@ -86,6 +95,9 @@ func runHeld(_ context.Context, e *env, args []string) error {
 	all := map[string][]daemon.HeldEffect{}
 	for _, c := range cs {
 		resp, err := c.Do(daemon.Request{Cmd: "held"}, nil)
+		if skipDead(e, "held", *id, c, err) {
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("sandbox %s: %w", c.ID(), err)
 		}
@@ -142,7 +154,11 @@ func runAnswer(e *env, args []string, release bool) error {
 	if _, err := cs[0].Do(daemon.Request{Cmd: verb, ID: eid, Justification: *why}, nil); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "effect %d %sd\n", eid, verb)
+	done := "denied"
+	if release {
+		done = "approved"
+	}
+	fmt.Fprintf(e.stdout, "effect %d %s\n", eid, done)
 	return nil
 }
 

@@ -26,12 +26,13 @@ func (h hostsFlag) Set(s string) error {
 	if !ok || name == "" {
 		return fmt.Errorf("want name=address[,address...], got %q", s)
 	}
+	key := strings.ToLower(strings.TrimSuffix(name, "."))
 	for _, a := range strings.Split(addrs, ",") {
 		ad, err := netip.ParseAddr(strings.TrimSpace(a))
 		if err != nil {
 			return err
 		}
-		h[strings.ToLower(strings.TrimSuffix(name, "."))] = append(h[strings.ToLower(name)], ad)
+		h[key] = append(h[key], ad)
 	}
 	return nil
 }
@@ -63,6 +64,15 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	hosts := hostsFlag{}
 	fs.Var(hosts, "host", "static `name=addr[,addr]` answered by the sandbox's resolver; repeatable")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on `addr` (e.g. 127.0.0.1:9464)")
+	var vm daemon.VMConfig
+	fs.StringVar(&vm.Image, "vm-image", "", "VM backends: the guest image `directory` (make vmimage; default $CARBD_VMIMAGE or ./vmimage/out)")
+	fs.StringVar(&vm.Binary, "vm-binary", "", "VM backends: the hypervisor `executable` (default qemu-system-x86_64 or cloud-hypervisor)")
+	fs.StringVar(&vm.Virtiofsd, "vm-virtiofsd", "", "VM backends: the virtiofsd `executable` (default /usr/lib/qemu/virtiofsd)")
+	fs.IntVar(&vm.CPUs, "vm-cpus", 0, "VM backends: guest vCPUs (default 1)")
+	fs.IntVar(&vm.MemoryMiB, "vm-memory", 0, "VM backends: guest memory in `MiB` (default 512)")
+	fs.StringVar(&vm.Accel, "vm-accel", "", "qemu: accelerator kvm or tcg (default: probe)")
+	vmCA := fs.String("vm-ca", "", "VM backends: PEM `file` of the interception CA the guest trusts")
+	fs.DurationVar(&vm.BootTimeout, "vm-boot-timeout", 0, "VM backends: launch to the guest's hello (default 5m)")
 	holdTimeout := fs.Duration("hold-timeout", 10*time.Second, "longest a packet waits for a decision before it is refused")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -86,9 +96,14 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *vmCA != "" {
+		if vm.CA, err = os.ReadFile(*vmCA); err != nil {
+			return err
+		}
+	}
 	cfg := daemon.Config{ID: *id, StateDir: *stateDir, PolicyPath: *policyPath, Policy: p, Workdir: *workdir, Task: *task,
 		Backend: *backend, Argv: argv, UID: *uid, GID: *gid, Upstream: upstream, Hosts: hosts, HoldTimeout: *holdTimeout,
-		AuditPath: *auditPath, Metrics: *metricsAddr, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
+		AuditPath: *auditPath, Metrics: *metricsAddr, VM: vm, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
 	switch *oracleName {
 	case "strict":
 		cfg.Oracle = decide.Strict{}

@@ -65,6 +65,9 @@ type Config struct {
 	Stdout  io.Writer
 	Stderr  io.Writer
 	Log     *slog.Logger
+
+	// VM configures the qemu and cloud-hypervisor backends.
+	VM VMConfig
 }
 
 // Summary is what `carbd run` prints when the sandbox ends.
@@ -161,9 +164,26 @@ type daemon struct {
 	mu        sync.Mutex // guards the fields below
 	decisions map[uint64]*decide.Decision
 	final     map[uint64]*decide.Decision
+	held      map[uint64]*decide.Decision // deferred, no final verdict yet
 	exiting   bool
 
+	// stopping is cancelled when carbd is told to stop (SIGTERM): every
+	// question to the oracle, pending or new, fails then, which refuses
+	// (see stoppableOracle).
+	stopping context.Context
+	stop     context.CancelFunc
+
+	viewMu    sync.Mutex    // guards the fields below
+	view      engineView    // the engine's state as of the latest refresh
+	viewDone  chan struct{} // closed when the refresh in flight ends; nil when none
+	viewDirty bool          // a decision was recorded since the last refresh began
+	refresher bool          // the background refresher runs
+
 	closers []func() error // teardown, run in reverse
+
+	// noticeHook, when set (by a VM backend, before the verdict loop
+	// starts), also gets every abort notice; it must not block.
+	noticeHook func(text string)
 }
 
 // sandboxProc is a running sandbox backend.
@@ -174,6 +194,12 @@ type sandboxProc interface {
 	Kill() error
 }
 
+// pauser is a sandbox that a ledger stop pauses rather than kills (a
+// VM: frozen for inspection, stopped at teardown). Pause ends Wait.
+type pauser interface {
+	Pause() error
+}
+
 // Run runs the command in a sandbox until it exits or ctx ends, and
 // returns its exit status and the summary.
 func Run(ctx context.Context, cfg Config) (*Summary, error) {
@@ -181,7 +207,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return nil, err
 	}
 	d := &daemon{cfg: cfg, log: cfg.Log.With("sandbox", cfg.ID), started: time.Now(),
-		decisions: map[uint64]*decide.Decision{}, final: map[uint64]*decide.Decision{}}
+		decisions: map[uint64]*decide.Decision{}, final: map[uint64]*decide.Decision{}, held: map[uint64]*decide.Decision{}}
+	d.stopping, d.stop = context.WithCancel(context.Background())
+	defer d.stop()
 	defer d.teardown()
 	if err := d.setup(ctx); err != nil {
 		return nil, err
@@ -232,7 +260,7 @@ func (d *daemon) setup(ctx context.Context) error {
 		d.onClose(f.Close)
 		audit = io.MultiWriter(auditF, f)
 	}
-	opt := decide.Options{Oracle: d.cfg.Oracle, Audit: &lockedWriter{w: audit}, OracleTimeout: 5 * time.Minute}
+	opt := decide.Options{Oracle: stoppableOracle{Oracle: d.cfg.Oracle, stopping: d.stopping}, Audit: &lockedWriter{w: audit}, OracleTimeout: 5 * time.Minute}
 	if a := d.cfg.Calibration; a != nil {
 		c := a.Engine()
 		opt.Calibration = &c
@@ -249,11 +277,10 @@ func (d *daemon) setup(ctx context.Context) error {
 	d.onClose(fc.close)
 
 	// The network channel and the sandbox.
-	nc, err := startNetChannel(ctx, d, index)
+	nc, err := startNetChannel(ctx, d, index) // sets d.net
 	if err != nil {
 		return err
 	}
-	d.net = nc
 	d.onClose(nc.close)
 
 	// The operator socket.
@@ -287,12 +314,18 @@ func (d *daemon) run(ctx context.Context) (*Summary, error) {
 	stopOnce := sync.Once{}
 	ticker := time.NewTicker(500 * time.Millisecond)
 	defer ticker.Stop()
+	stop := ctx.Done()
 loop:
 	for {
 		select {
 		case <-done:
 			break loop
-		case <-ctx.Done():
+		case <-stop:
+			stop = nil // a closed channel is always ready: handle it once
+			// Nobody waits for an oracle's answer any more: what is
+			// deferred is refused (fail closed) and the run ends now,
+			// not at the operator's deadline.
+			d.stop()
 			stopOnce.Do(func() {
 				d.log.Info("stopping the sandbox")
 				_ = d.sandbox.Signal(syscall.SIGTERM)
@@ -305,11 +338,20 @@ loop:
 				}()
 			})
 		case <-ticker.C:
+			// Keep the status's view of the engine fresh while the
+			// engine is free (it is not while the oracle is asked).
+			d.refreshView()
 			if d.engine.ScopeOpen() == 0 {
 				d.files.commitPoint(ctx)
 			}
 			if _, stopped := d.engine.Stopped(); stopped {
 				stopOnce.Do(func() {
+					if p, ok := d.sandbox.(pauser); ok {
+						d.log.Warn("the ledger gate stopped the episode: pausing the sandbox")
+						if err := p.Pause(); err == nil {
+							return
+						}
+					}
 					d.log.Warn("the ledger gate stopped the episode: stopping the sandbox")
 					_ = d.sandbox.Kill()
 				})
@@ -322,14 +364,43 @@ loop:
 	d.mu.Lock()
 	d.exiting = true
 	d.mu.Unlock()
-	// End of the task: the open scope resolves, then the last commit point.
+	// End of the task: a commit point proposes the staged changes nobody
+	// decided yet (after a restart: everything the crashed run left
+	// staged), the open scope resolves, and the last commit point commits
+	// what was released and aborts what was refused. Proposing can hold a
+	// change in a scope again: resolve until none is open (bounded; what
+	// is still held then stays staged).
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	if r := d.engine.Finish(fctx); r != nil {
-		d.applyResolution(r)
-	}
 	d.files.commitPoint(fctx)
+	for range 4 {
+		r := d.engine.Finish(fctx)
+		if r == nil {
+			break
+		}
+		d.applyResolution(r)
+		d.files.commitPoint(fctx)
+	}
 	return d.summary(code), nil
+}
+
+// stoppableOracle is the configured oracle, except that once carbd is
+// stopping every question fails at once (the engine then refuses what it
+// asked about): a SIGTERM must not wait for an operator's deadline.
+type stoppableOracle struct {
+	decide.Oracle
+	stopping context.Context
+}
+
+func (o stoppableOracle) Decide(ctx context.Context, v *decide.View) ([]decide.OracleAnswer, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(o.stopping, func() { cancel(errors.New("carbd is stopping")) })()
+	answers, err := o.Oracle.Decide(ctx, v)
+	if err != nil && ctx.Err() != nil {
+		err = context.Cause(ctx)
+	}
+	return answers, err
 }
 
 // resolveAfter is how long a held request waits before its scope is
@@ -382,12 +453,18 @@ func searchable(dir string) error {
 
 // record keeps a decision for the summary and the status.
 func (d *daemon) record(dec decide.Decision) {
+	defer d.kickView()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	cp := dec
 	d.decisions[dec.Seq] = &cp
 	if dec.Verdict != decide.Defer {
 		d.final[dec.Seq] = &cp
+		delete(d.held, dec.Seq)
+	} else if _, done := d.final[dec.Seq]; !done {
+		// (A scope can resolve before its effect's first decision is
+		// recorded: then the final verdict is already in.)
+		d.held[dec.Seq] = &cp
 	}
 }
 
@@ -409,8 +486,12 @@ func (d *daemon) applyResolution(r *decide.Resolution) {
 }
 
 // notify delivers an abort notice to the agent: the file the control
-// directory exposes inside the sandbox.
+// directory exposes inside the sandbox, and the VM backends' control
+// channel (noticeHook).
 func (d *daemon) notify(text string) {
+	if d.noticeHook != nil {
+		d.noticeHook(text)
+	}
 	f, err := os.OpenFile(filepath.Join(d.dir, "agent", "notices"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		d.log.Warn("abort notice", "err", err)

@@ -23,7 +23,26 @@
 // next start on the same working directory recovers the journal and the
 // pinned state.
 //
+// # Operator socket
+//
+// One Unix socket per sandbox (root only, peer credentials checked)
+// serves status, held, approve, deny and the pcapng audit export. Status
+// never waits for the engine, which is locked while an oracle is asked:
+// the held effects come from the daemon's own record of decisions, the
+// engine's counters from a view refreshed in the background
+// (docs/status.md, docs/operator.md).
+//
 // # Requirements
 //
 // Linux, root, BPF, netfilter, overlayfs, user namespaces.
+//
+// # Testing
+//
+// Privileged end-to-end tests run real sandboxes in front of a world
+// namespace with an HTTP server: daemon_linux_test.go (what reaches the
+// world and the working directory), crash_linux_test.go (carbd run as a
+// child process killed with SIGKILL while a request is held and in the
+// middle of a commit, then restarted on the same working directory; and
+// SIGTERM teardown, checking nothing is left on the host). The operator
+// CLI is tested with the real binary in cmd/carbd/cli_linux_test.go.
 package daemon

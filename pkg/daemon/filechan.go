@@ -3,12 +3,17 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/fileev"
@@ -30,14 +35,18 @@ type fileChannel struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu        sync.Mutex // guards the fields below
-	paths     map[string]*pathState
-	committed []string
-	aborted   []string
-	refusals  []string
-	events    uint64
-	commits   uint64
-	aborts    uint64
+	mu           sync.Mutex // guards the fields below
+	changes      uint64     // traced changes (outgoing file events)
+	unattributed uint64     // reads the tracer could not attribute
+	assumed      bool       // the sensitive files were assumed read …
+	assumedAt    uint64     // … when changes was this
+	paths        map[string]*pathState
+	committed    []string
+	aborted      []string
+	refusals     []string
+	events       uint64
+	commits      uint64
+	aborts       uint64
 }
 
 // pathState is what the engine said about a path since its last commit
@@ -90,20 +99,25 @@ func (fc *fileChannel) locationLabel(path string) (decide.Label, bool) {
 // view is where the traced processes see the merged view: the working
 // directory's path in a namespace sandbox, "/" for virtiofsd.
 func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPath string) {
-	cg, err := fileev.NewCgroup("carbd-" + fc.d.cfg.ID)
+	name := "carbd-" + fc.d.cfg.ID
+	removeStaleCgroup(name)
+	cg, err := fileev.NewCgroup(name)
 	if err != nil {
-		fc.d.log.Warn("file tracing off: no cgroup", "err", err)
+		fc.d.log.Warn("file tracing off (no cgroup): every sensitive file counts as read", "err", err)
+		fc.assumeSensitiveRead(nil)
 		return ""
 	}
 	fc.cg = cg
 	tr, err := fileev.New(fileev.Config{Root: fc.merged})
 	if err != nil {
-		fc.d.log.Warn("file tracing off", "err", err)
+		fc.d.log.Warn("file tracing off: every sensitive file counts as read", "err", err)
+		fc.assumeSensitiveRead(nil)
 		return cg.Path
 	}
 	if _, err := tr.Trace(fileev.Target{Cgroup: cg.Path, View: view}); err != nil {
 		tr.Close()
-		fc.d.log.Warn("file tracing off", "err", err)
+		fc.d.log.Warn("file tracing off: every sensitive file counts as read", "err", err)
+		fc.assumeSensitiveRead(nil)
 		return cg.Path
 	}
 	fc.tracer = tr
@@ -112,7 +126,13 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 	fc.done = make(chan struct{})
 	go func() {
 		defer close(fc.done)
-		_ = tr.Run(tctx, func(_ *fileev.Record, evs []decide.Event) {
+		_ = tr.Run(tctx, func(rec *fileev.Record, evs []decide.Event) {
+			if unattributedRead(rec) {
+				fc.mu.Lock()
+				fc.unattributed++
+				fc.mu.Unlock()
+				fc.assumeSensitiveRead(rec)
+			}
 			for _, ev := range evs {
 				fc.event(tctx, ev)
 			}
@@ -121,10 +141,157 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 	return cg.Path
 }
 
+// removeStaleCgroup removes the cgroup a crashed carbd left for this
+// sandbox (its processes died with that carbd; any left are killed), so
+// that the new run can trace its own.
+func removeStaleCgroup(name string) {
+	mnt, err := fileev.Cgroup2Mount()
+	if err != nil {
+		return
+	}
+	cg, err := fileev.OpenCgroup(filepath.Join(mnt, name))
+	if err != nil {
+		return
+	}
+	_ = cg.Kill()
+	// cgroup.kill is asynchronous: the directory can be removed once the
+	// last process is gone.
+	for i := 0; i < 100 && cg.Remove() != nil; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// syncTracing returns once every traced file operation that returned
+// before the call has been handled (reads observed by the engine, writes
+// proposed), so that an effect decided next is decided knowing what the
+// agent read before it. Without tracing it returns at once.
+func (fc *fileChannel) syncTracing(ctx context.Context) error {
+	if fc == nil || fc.tracer == nil {
+		return nil
+	}
+	// Bounded by the longest a packet may wait for its decision: the
+	// tracer waits behind the engine while the oracle is asked.
+	ctx, cancel := context.WithTimeout(ctx, fc.d.cfg.HoldTimeout+fc.d.oracleWait())
+	defer cancel()
+	return fc.tracer.Sync(ctx)
+}
+
+// unattributedRead reports a record of a read the tracer could not
+// attribute: data was read (read, mmap, copy) but the path is unknown
+// (malformed: the descriptor was not seen opened and the process is gone)
+// or its content could not be read back.
+func unattributedRead(r *fileev.Record) bool {
+	if r.Kind != fileev.KindSyscall || r.Ret <= 0 {
+		return false
+	}
+	switch r.Op {
+	case fileev.OpRead, fileev.OpMmap, fileev.OpCopy:
+		return r.Malformed != "" || (r.InRoot && r.ContentErr != "")
+	}
+	return false
+}
+
+// maxAssumedContent bounds what one sensitive file contributes when it
+// is assumed read, and maxAssumedTotal all of them.
+const (
+	maxAssumedContent = 1 << 20
+	maxAssumedTotal   = 16 << 20
+)
+
+// assumeSensitiveRead is the answer to a read carbd cannot see (an
+// unattributed read, or tracing off): it cannot know what the agent read,
+// so it takes the agent to have read every file of the working directory
+// the policy calls sensitive (as the agent sees it, in the merged view).
+// Their content joins the sensitive set, so an effect carrying any of it
+// is deferred as if the read had been traced: fail closed, at no cost to
+// effects that carry none of it. The files are read again only once the
+// agent has changed something since. rec is the record that triggered it
+// (nil: tracing is off).
+func (fc *fileChannel) assumeSensitiveRead(rec *fileev.Record) {
+	fc.mu.Lock()
+	if fc.assumed && fc.assumedAt == fc.changes {
+		fc.mu.Unlock()
+		return
+	}
+	fc.assumed, fc.assumedAt = true, fc.changes
+	fc.mu.Unlock()
+	why := "file tracing is off"
+	if rec != nil {
+		why = fmt.Sprintf("a %s by pid %d could not be attributed (%s%s)", rec.Op, rec.PID, rec.Malformed, rec.ContentErr)
+	}
+	root, err := os.Open(fc.merged)
+	if err != nil {
+		fc.d.log.Warn("assume the sensitive files read", "err", err)
+		return
+	}
+	defer root.Close()
+	total, n := 0, 0
+	for _, src := range fc.d.engine.Policy().Sensitive {
+		for _, g := range src.Paths {
+			_ = filepath.WalkDir(filepath.Join(fc.merged, staticPrefix(g.Pattern)), func(p string, de fs.DirEntry, err error) error {
+				if err != nil || !de.Type().IsRegular() || total >= maxAssumedTotal {
+					return nil
+				}
+				rel, err := filepath.Rel(fc.merged, p)
+				if err != nil || !g.Match(rel) {
+					return nil
+				}
+				content, err := readBeneath(int(root.Fd()), rel, min(maxAssumedContent, maxAssumedTotal-total))
+				if err != nil {
+					return nil
+				}
+				total += len(content)
+				n++
+				fc.d.engine.Observe(decide.Event{Ch: decide.ChanFile, Dir: decide.In, Obj: rel, Op: fileev.OpNameRead,
+					Content: content, Source: "file:" + rel + " (assumed read: " + why + ")"})
+				return nil
+			})
+		}
+	}
+	fc.d.log.Info("the sensitive files count as read", "why", why, "files", n)
+}
+
+// staticPrefix is the directory part of a glob before its first pattern
+// character: where a walk for its matches starts.
+func staticPrefix(pattern string) string {
+	dir := ""
+	for _, part := range strings.Split(pattern, "/") {
+		if strings.ContainsAny(part, "*?[{\\") {
+			break
+		}
+		dir = filepath.Join(dir, part)
+	}
+	if dir == pattern {
+		return filepath.Dir(dir) // a literal path: walk its directory
+	}
+	return dir
+}
+
+// readBeneath reads at most limit bytes of the regular file rel below the
+// directory at dirfd, never following a symlink or leaving the directory
+// (the agent controls what the merged view holds).
+func readBeneath(dirfd int, rel string, limit int) (string, error) {
+	fd, err := unix.Openat2(dirfd, rel, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
+	if err != nil {
+		return "", err
+	}
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return "", fmt.Errorf("%s is not a regular file", rel)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, int64(limit)))
+	return string(b), err
+}
+
 // event handles one traced file operation.
 func (fc *fileChannel) event(ctx context.Context, ev decide.Event) {
 	fc.mu.Lock()
 	fc.events++
+	if ev.Dir == decide.Out {
+		fc.changes++
+	}
 	fc.mu.Unlock()
 	if ev.Dir == decide.In {
 		fc.d.engine.Observe(ev)
@@ -304,7 +471,7 @@ func (fc *fileChannel) outcome() (committed, aborted, refusals []string) {
 func (fc *fileChannel) counters() FileCounters {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
-	c := FileCounters{Events: fc.events, Committed: fc.commits, Aborted: fc.aborts, Refused: uint64(len(fc.refusals))}
+	c := FileCounters{Events: fc.events, Unattributed: fc.unattributed, Committed: fc.commits, Aborted: fc.aborts, Refused: uint64(len(fc.refusals))}
 	if fc.tracer != nil {
 		c.Lost = fc.tracer.Lost()
 	}

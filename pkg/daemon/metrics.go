@@ -26,12 +26,13 @@ var (
 	mLambda    = prometheus.NewDesc("carbd_ledger_lambda", "Calibrated ledger stop threshold.", []string{"sandbox"}, nil)
 	mDatapath  = prometheus.NewDesc("carbd_datapath_packets_total", "Packets the TC program handled, by reason.", []string{"sandbox", "reason"}, nil)
 	mQueue     = prometheus.NewDesc("carbd_queue_packets_total", "Packets of the verdict loop by outcome.", []string{"sandbox", "outcome"}, nil)
+	mVerdicts  = prometheus.NewDesc("carbd_queue_verdicts_total", "Verdicts of the verdict loop by reason (accept-*, drop-*).", []string{"sandbox", "reason"}, nil)
 	mFiles     = prometheus.NewDesc("carbd_file_total", "File channel counters.", []string{"sandbox", "what"}, nil)
 	mUp        = prometheus.NewDesc("carbd_up_seconds", "Seconds since the sandbox started.", []string{"sandbox"}, nil)
 )
 
 func (m metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mDecisions, mScopes, mHeld, mLedger, mLambda, mDatapath, mQueue, mFiles, mUp} {
+	for _, d := range []*prometheus.Desc{mDecisions, mScopes, mHeld, mLedger, mLambda, mDatapath, mQueue, mVerdicts, mFiles, mUp} {
 		ch <- d
 	}
 }
@@ -50,11 +51,7 @@ func (m metrics) Collect(ch chan<- prometheus.Metric) {
 	c(mDecisions, s.Decisions.Deferred, "deferred")
 	c(mScopes, s.Decisions.Committed, "committed")
 	c(mScopes, s.Decisions.Aborted, "aborted")
-	held := 0
-	if s.Scope != nil {
-		held = len(s.Scope.Held)
-	}
-	g(mHeld, float64(held))
+	g(mHeld, float64(len(s.Held)))
 	if s.Ledger != nil {
 		g(mLedger, s.Ledger.Score)
 		g(mLambda, s.Ledger.Lambda)
@@ -67,8 +64,12 @@ func (m metrics) Collect(ch chan<- prometheus.Metric) {
 	c(mQueue, s.Queue.Dropped, "dropped")
 	c(mQueue, s.Queue.KernelDropped, "kernel_queue_dropped")
 	c(mQueue, s.Queue.SocketDropped, "socket_dropped")
+	for r, v := range s.Queue.Verdicts {
+		c(mVerdicts, v, r)
+	}
 	c(mFiles, s.Files.Events, "events")
 	c(mFiles, s.Files.Lost, "ringbuf_lost")
+	c(mFiles, s.Files.Unattributed, "unattributed_reads")
 	c(mFiles, s.Files.Committed, "committed")
 	c(mFiles, s.Files.Aborted, "aborted")
 	c(mFiles, s.Files.Refused, "refused")

@@ -25,6 +25,12 @@ func masquerade(p netns.Plan) (func() error, error) {
 	}
 	c := &nftables.Conn{}
 	name := "carbd-nat-" + p.ID
+	// A crashed carbd leaves its table: remove it (its own batch, as a
+	// missing table fails the deletion) rather than add a second rule.
+	for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		c.DelTable(&nftables.Table{Family: f, Name: name})
+		_ = c.Flush()
+	}
 	var tables []*nftables.Table
 	for _, fam := range []struct {
 		f      nftables.TableFamily

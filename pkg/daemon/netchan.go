@@ -46,8 +46,9 @@ type netChannel struct {
 	wg      sync.WaitGroup
 	nat     func() error
 
-	mu    sync.Mutex // guards flows and names
+	mu    sync.Mutex // guards flows, bySeq and names
 	flows map[flowID]flowNote
+	bySeq map[uint64]flowID // held effects, to record their final verdict
 	names map[netip.Addr][]string
 }
 
@@ -78,12 +79,17 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 	if err != nil {
 		return nil, err
 	}
-	nc := &netChannel{d: d, plan: plan, flows: map[flowID]flowNote{}, names: map[netip.Addr][]string{}}
+	nc := &netChannel{d: d, plan: plan, flows: map[flowID]flowNote{}, bySeq: map[uint64]flowID{}, names: map[netip.Addr][]string{}}
 	defer func() {
 		if err != nil {
 			nc.close()
+			d.net = nil
 		}
 	}()
+	// Decisions start as soon as the sandbox does, before this returns,
+	// and their resolutions go to d.net: set it before any goroutine
+	// that decides exists.
+	d.net = nc
 	// A crash leaves pinned state and rules behind; the sandbox died with
 	// its daemon, so start from a clean slate (egress stayed dropped
 	// meanwhile: the rules drop what is not marked).
@@ -266,6 +272,13 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 		}
 		nc.mu.Unlock()
 	}
+	// What the agent read before it sent this must be known before it is
+	// decided (a read then a send at once would otherwise race the
+	// tracer). If that cannot be established, refuse: fail closed.
+	if err := nc.d.files.syncTracing(ctx); err != nil {
+		nc.d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", ev.Summary(), "err", err)
+		return nfq.Outcome{Verdict: nfq.Refuse, Reason: "tracing-sync"}
+	}
 	res := nc.d.engine.Propose(ctx, ev)
 	dec := res.Decision
 	nc.d.record(dec)
@@ -292,6 +305,7 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 		if r.Notice != "" {
 			nc.d.notify(r.Notice)
 		}
+		nc.finals(r)
 	}
 	return out
 }
@@ -300,13 +314,31 @@ func (nc *netChannel) note(k tcx.FlowKey, dec decide.Decision) {
 	id := newFlowID(netip.AddrPortFrom(k.Src, k.SrcPort), netip.AddrPortFrom(k.Dst, k.DstPort), k.Proto)
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	nc.flows[id] = flowNote{seq: dec.Seq, verdict: dec.Verdict.String(), reason: dec.Reason.Code + ": " + dec.Justification}
+	v := dec.Verdict.String()
+	if dec.Verdict == decide.Defer {
+		v = "held"
+		nc.bySeq[dec.Seq] = id
+	}
+	nc.flows[id] = flowNote{seq: dec.Seq, verdict: v, reason: dec.Reason.Code + ": " + dec.Justification}
 }
 
 // applyResolution hands a resolved scope to the verdict loop.
 func (nc *netChannel) applyResolution(r *decide.Resolution) {
 	if nc.loop != nil {
 		nc.loop.ApplyResolution(r)
+	}
+	nc.finals(r)
+}
+
+// finals records the final verdicts of held flows for the audit capture.
+func (nc *netChannel) finals(r *decide.Resolution) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	for _, e := range r.Effects {
+		if id, ok := nc.bySeq[e.Seq]; ok {
+			delete(nc.bySeq, e.Seq)
+			nc.flows[id] = flowNote{seq: e.Seq, verdict: e.Verdict.String(), reason: e.Reason.Code + ": " + e.Justification}
+		}
 	}
 }
 

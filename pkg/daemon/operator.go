@@ -5,15 +5,17 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/hooks/nfq"
 	"github.com/carbd/carbd/pkg/hooks/tcx"
 )
 
-// Status implements Operator.
+// Status implements Operator. It never waits for the engine: see
+// engineView.
 func (d *daemon) Status() SandboxStatus {
-	now := time.Now()
 	s := SandboxStatus{Version: StatusVersion, ID: d.cfg.ID, Backend: d.cfg.Backend, Workdir: d.cfg.Workdir,
 		Started: d.started, Task: d.cfg.Task, Policy: d.cfg.PolicyPath, Oracle: d.cfg.Oracle.Name(), State: "running"}
 	if d.sandbox != nil {
@@ -24,15 +26,17 @@ func (d *daemon) Status() SandboxStatus {
 		s.State = "exiting"
 	}
 	d.mu.Unlock()
-	st := d.engine.Stats()
+	v, current := d.engineView()
+	s.EngineBusy = !current
+	s.DecisionsAsOf = v.at
+	st := v.stats
 	s.Decisions = DecisionCounts{Proposed: st.Proposed, Released: st.Released, Refused: st.Refused, Deferred: st.Deferred,
 		Scopes: st.Scopes, Committed: st.Committed, Aborted: st.Aborted}
-	if score, lambda, ok := d.engine.LedgerScore(); ok {
-		_, stopped := d.engine.Stopped()
-		s.Ledger = &LedgerStatus{Score: score, Lambda: lambda, Stopped: stopped}
-		if stopped {
-			s.State = "stopped"
-		}
+	if a := d.cfg.Calibration; a != nil && a.Ledger != nil {
+		s.Ledger = &LedgerStatus{Score: v.score, Lambda: a.Ledger.Lambda, Stopped: v.stopped}
+	}
+	if v.stopped {
+		s.State = "stopped"
 	}
 	if a := d.cfg.Calibration; a != nil {
 		for role, name := range a.RoleStratum {
@@ -43,8 +47,24 @@ func (d *daemon) Status() SandboxStatus {
 		}
 		sort.Slice(s.Roles, func(i, j int) bool { return s.Roles[i].Role < s.Roles[j].Role })
 	}
-	if id := d.engine.ScopeOpen(); id != 0 {
-		s.Scope = &ScopeStatus{ID: id, Held: d.Held()}
+	s.Held = d.Held()
+	if s.Held == nil {
+		s.Held = []HeldEffect{}
+	}
+	for _, h := range s.Held {
+		if h.Scope == 0 {
+			continue
+		}
+		if s.Scope == nil || h.Scope > s.Scope.ID {
+			s.Scope = &ScopeStatus{ID: h.Scope}
+		}
+	}
+	if s.Scope != nil {
+		for _, h := range s.Held {
+			if h.Scope == s.Scope.ID {
+				s.Scope.Held = append(s.Scope.Held, h)
+			}
+		}
 	}
 	if d.net != nil {
 		if d.net.dp != nil {
@@ -60,7 +80,11 @@ func (d *daemon) Status() SandboxStatus {
 		if d.net.loop != nil {
 			ls := d.net.loop.Stats()
 			s.Queue = QueueCounters{Queued: ls.Received, Accepted: ls.Accepted(), Dropped: ls.Dropped(), Held: uint64(max(ls.Held, 0)),
-				KernelDropped: uint64(ls.Kernel.Dropped), SocketDropped: uint64(ls.Kernel.UserDropped) + ls.RecvOverruns}
+				KernelDropped: uint64(ls.Kernel.Dropped), SocketDropped: uint64(ls.Kernel.UserDropped) + ls.RecvOverruns,
+				Verdicts: map[string]uint64{}}
+			for r := nfq.Reason(0); r < nfq.NumReasons; r++ {
+				s.Queue.Verdicts[r.String()] = ls.Verdicts[r]
+			}
 		}
 	}
 	if d.files != nil {
@@ -68,12 +92,108 @@ func (d *daemon) Status() SandboxStatus {
 		s.Kernel.Tracing = d.files.mechanism()
 		s.Kernel.Overlay = "overlayfs (frozen base, staged upper)"
 	}
-	_ = now
 	return s
 }
 
-// Held implements Operator: the effects held in the open scope, marked
-// pending when the operator oracle waits for an answer about them.
+// engineView is the part of the status that comes from the engine. The
+// engine keeps its lock while it asks the oracle about deferred effects,
+// and the operator oracle may take minutes: the operator socket (and the
+// metrics) must answer meanwhile, or nobody could see what waits for an
+// answer. So the view is refreshed in the background, one refresh at a
+// time, and a status waits for it at most viewWait; past that it shows
+// the latest complete view, marked as such (engine_busy).
+type engineView struct {
+	at      time.Time
+	stats   decide.Stats
+	score   float64
+	stopped bool
+}
+
+const (
+	// viewWait is how long a status waits for a refresh.
+	viewWait = 250 * time.Millisecond
+	// viewMaxAge: the background refresher reads the engine at most this
+	// often, so the view is close to current when the engine blocks on
+	// the oracle, at a bounded cost on a busy sandbox.
+	viewMaxAge = 50 * time.Millisecond
+)
+
+// kickView notes that a decision was recorded: a background refresher
+// reads the engine after it, at most every viewMaxAge, so the view lags
+// the last decision by at most that. It never waits.
+func (d *daemon) kickView() {
+	d.viewMu.Lock()
+	d.viewDirty = true
+	start := !d.refresher
+	d.refresher = true
+	d.viewMu.Unlock()
+	if start {
+		go d.refreshLoop()
+	}
+}
+
+func (d *daemon) refreshLoop() {
+	for {
+		d.viewMu.Lock()
+		if !d.viewDirty {
+			d.refresher = false
+			d.viewMu.Unlock()
+			return
+		}
+		d.viewDirty = false
+		d.viewMu.Unlock()
+		<-d.refreshView()
+		time.Sleep(viewMaxAge)
+	}
+}
+
+// refreshView starts a refresh of the engine view unless one is in
+// flight, and returns the channel closed when it is done.
+func (d *daemon) refreshView() <-chan struct{} {
+	d.viewMu.Lock()
+	defer d.viewMu.Unlock()
+	if d.viewDone != nil {
+		return d.viewDone
+	}
+	done := make(chan struct{})
+	d.viewDone = done
+	go func() {
+		e := d.engine
+		v := engineView{stats: e.Stats()}
+		v.score, _, _ = e.LedgerScore()
+		_, v.stopped = e.Stopped()
+		v.at = time.Now()
+		d.viewMu.Lock()
+		d.view = v
+		d.viewDone = nil
+		d.viewMu.Unlock()
+		close(done)
+	}()
+	return done
+}
+
+// engineView returns the engine's state, and whether it is current
+// (false: the engine is busy and this is the latest view).
+func (d *daemon) engineView() (engineView, bool) {
+	done := d.refreshView()
+	current := true
+	t := time.NewTimer(viewWait)
+	select {
+	case <-done:
+	case <-t.C:
+		current = false
+	}
+	t.Stop()
+	d.viewMu.Lock()
+	defer d.viewMu.Unlock()
+	return d.view, current
+}
+
+// Held implements Operator: the effects held in the open scope and those
+// waiting for the operator's answer (a deferred blocking effect waits
+// outside any scope), marked pending when the operator is asked about
+// them. It reads the daemon's own record of decisions, never the engine
+// (which is busy while the oracle is asked).
 func (d *daemon) Held() []HeldEffect {
 	now := time.Now()
 	pending := map[uint64]decide.Pending{}
@@ -83,34 +203,43 @@ func (d *daemon) Held() []HeldEffect {
 		}
 	}
 	var out []HeldEffect
-	seen := map[uint64]bool{}
-	for _, h := range d.engine.Held() {
-		he := heldEffect(h, now)
+	d.mu.Lock()
+	for _, h := range d.held {
+		he := heldEffect(*h, now)
 		if p, ok := pending[h.Seq]; ok {
 			he.Pending, he.Deadline = true, p.Deadline
+			delete(pending, h.Seq)
 		}
-		seen[h.Seq] = true
 		out = append(out, he)
 	}
-	// A deferred blocking effect waits for the operator outside any scope.
+	d.mu.Unlock()
 	for id, p := range pending {
-		if seen[id] {
-			continue
-		}
-		out = append(out, HeldEffect{ID: id, Since: p.Asked, AgeMillis: now.Sub(p.Asked).Milliseconds(), Kind: "blocking",
-			Op: p.Summary, Reason: p.Reason, Justification: p.Reason, Deadline: p.Deadline, Pending: true})
+		// Asked inside its own decision: only a blocking effect is.
+		op, obj := splitSummary(p.Summary)
+		out = append(out, HeldEffect{ID: id, Since: p.Asked, AgeMillis: now.Sub(p.Asked).Milliseconds(), Kind: decide.Blocking.String(),
+			Op: op, Obj: obj, Summary: p.Summary, Justification: p.Reason, Deadline: p.Deadline, Pending: true})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
 func heldEffect(h decide.Decision, now time.Time) HeldEffect {
-	he := HeldEffect{ID: h.Seq, Kind: h.Kind.String(), Reason: h.Reason.Code, Justification: h.Justification}
+	he := HeldEffect{ID: h.Seq, Scope: h.Scope, Kind: h.Kind.String(), Reason: h.Reason.Code, Justification: h.Justification}
 	if ev := h.Event; ev != nil {
-		he.Since, he.Op, he.Obj = ev.Time, ev.Op, ev.Obj
+		he.Since, he.Op, he.Obj, he.Summary = ev.Time, ev.Op, ev.Obj, ev.Summary()
 		he.AgeMillis = now.Sub(ev.Time).Milliseconds()
 	}
 	return he
+}
+
+// splitSummary takes the operation and the object out of an event's
+// one-line summary ("net out http:GET http://host/path field[role]=...").
+func splitSummary(s string) (op, obj string) {
+	f := strings.SplitN(s, " ", 5)
+	if len(f) >= 4 && strings.Contains(f[2], ":") {
+		return f[2], f[3]
+	}
+	return "", s
 }
 
 // Answer implements Operator: approve or deny a pending effect.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -47,6 +48,10 @@ type Operator interface {
 	Answer(id uint64, release bool, justification string) error
 	AuditPcap(w io.Writer) error
 }
+
+// ErrNotRunning is returned by Client.Do when nobody listens on the
+// socket: its carbd died (a crash leaves the socket behind).
+var ErrNotRunning = errors.New("daemon: the sandbox's carbd is not running (after a crash, carbd run on the same working directory recovers it)")
 
 // errNotRoot is what a non-root peer is told.
 var errNotRoot = errors.New("permission denied: the operator socket answers root only")
@@ -149,35 +154,66 @@ type Client struct {
 }
 
 // Sockets lists the operator sockets of the running sandboxes under the
-// state directory.
+// state directory. It needs to read the sandboxes directory, and only to
+// search each sandbox's (0711), so a client that may list the sandboxes
+// reaches their sockets, where the daemon checks who it is.
 func Sockets(stateDir string) ([]Client, error) {
-	m, err := filepath.Glob(filepath.Join(stateDir, "sandboxes", "*", "operator.sock"))
+	dir := filepath.Join(stateDir, "sandboxes")
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list the sandboxes: %w", err)
 	}
-	sort.Strings(m)
-	out := make([]Client, 0, len(m))
-	for _, p := range m {
-		out = append(out, Client{Path: p})
+	var out []Client
+	for _, e := range ents {
+		c, ok := SocketOf(stateDir, e.Name())
+		if ok {
+			out = append(out, c)
+		}
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
+}
+
+// SocketOf returns the operator socket of sandbox id, if there is one.
+func SocketOf(stateDir, id string) (Client, bool) {
+	if id == "" || id == "." || id == ".." || strings.ContainsRune(id, '/') {
+		return Client{}, false
+	}
+	p := filepath.Join(stateDir, "sandboxes", id, "operator.sock")
+	if st, err := os.Lstat(p); err != nil || st.Mode().Type() != os.ModeSocket {
+		return Client{}, false
+	}
+	return Client{Path: p}, true
 }
 
 // Do sends a request; when the response announces raw bytes they are
 // copied to raw.
 func (c Client) Do(req Request, raw io.Writer) (*Response, error) {
 	conn, err := net.DialTimeout("unix", c.Path, 5*time.Second)
+	if errors.Is(err, os.ErrPermission) {
+		return nil, fmt.Errorf("%w (the operator socket answers root only)", err)
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Errorf("%w: %w", ErrNotRunning, err)
+	}
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
-	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return nil, err
-	}
+	// The daemon may refuse the connection (not root) before reading the
+	// request and close it: then writing fails, but its answer, which
+	// says why, is there to read.
+	werr := json.NewEncoder(conn).Encode(req)
 	br := bufio.NewReader(conn)
 	line, err := br.ReadBytes('\n')
 	if err != nil {
+		if werr != nil {
+			return nil, fmt.Errorf("operator socket %s: %w", c.Path, werr)
+		}
 		return nil, fmt.Errorf("operator socket %s: %w", c.Path, err)
 	}
 	var resp Response

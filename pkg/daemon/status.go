@@ -14,24 +14,31 @@ const StatusVersion = 1
 
 // SandboxStatus is what `carbd status --json` prints for one sandbox.
 type SandboxStatus struct {
-	Version   int               `json:"version"`
-	ID        string            `json:"id"`
-	Backend   string            `json:"backend"`
-	Pid       int               `json:"pid"`
-	Workdir   string            `json:"workdir"`
-	Started   time.Time         `json:"started"`
-	Task      string            `json:"task"`
-	Policy    string            `json:"policy"`
-	Oracle    string            `json:"oracle"`
-	State     string            `json:"state"` // running, stopped (ledger), exiting
-	Scope     *ScopeStatus      `json:"scope,omitempty"`
-	Ledger    *LedgerStatus     `json:"ledger,omitempty"`
-	Roles     []RoleStatus      `json:"roles,omitempty"`
-	Decisions DecisionCounts    `json:"decisions"`
-	Datapath  map[string]uint64 `json:"datapath,omitempty"` // TC program counters by reason
-	Queue     QueueCounters     `json:"queue"`
-	Files     FileCounters      `json:"files"`
-	Kernel    KernelFeatures    `json:"kernel"`
+	Version int       `json:"version"`
+	ID      string    `json:"id"`
+	Backend string    `json:"backend"`
+	Pid     int       `json:"pid"`
+	Workdir string    `json:"workdir"`
+	Started time.Time `json:"started"`
+	Task    string    `json:"task"`
+	Policy  string    `json:"policy"`
+	Oracle  string    `json:"oracle"`
+	State   string    `json:"state"` // running, stopped (ledger), exiting
+	// Held lists every effect waiting: in the open scope, or (a deferred
+	// blocking request) for the operator's answer.
+	Held  []HeldEffect `json:"held"`
+	Scope *ScopeStatus `json:"scope,omitempty"`
+	// EngineBusy: the engine is waiting for the oracle, so Decisions,
+	// Ledger and State are as of DecisionsAsOf (Held is always current).
+	EngineBusy    bool              `json:"engine_busy"`
+	DecisionsAsOf time.Time         `json:"decisions_as_of"`
+	Ledger        *LedgerStatus     `json:"ledger,omitempty"`
+	Roles         []RoleStatus      `json:"roles,omitempty"`
+	Decisions     DecisionCounts    `json:"decisions"`
+	Datapath      map[string]uint64 `json:"datapath,omitempty"` // TC program counters by reason
+	Queue         QueueCounters     `json:"queue"`
+	Files         FileCounters      `json:"files"`
+	Kernel        KernelFeatures    `json:"kernel"`
 }
 
 // ScopeStatus is the open speculative scope.
@@ -44,12 +51,14 @@ type ScopeStatus struct {
 // operator's answer.
 type HeldEffect struct {
 	ID            uint64    `json:"id"`
+	Scope         uint64    `json:"scope"` // the open scope holding it; 0: waits outside any scope
 	Since         time.Time `json:"since"`
 	AgeMillis     int64     `json:"age_ms"`
 	Kind          string    `json:"kind"`
 	Op            string    `json:"op"`
 	Obj           string    `json:"obj"`
-	Reason        string    `json:"reason"`
+	Summary       string    `json:"summary"` // the effect in one line, with its fields
+	Reason        string    `json:"reason"`  // reason code; empty for a blocking effect asked about inside its decision
 	Justification string    `json:"justification"`
 	Deadline      time.Time `json:"deadline,omitzero"` // operator oracle: refused at this time
 	Pending       bool      `json:"pending"`           // waiting for carbd approve/deny
@@ -91,21 +100,27 @@ type QueueCounters struct {
 	Held          uint64 `json:"held"`
 	KernelDropped uint64 `json:"kernel_queue_dropped"`
 	SocketDropped uint64 `json:"socket_dropped"`
+	// Verdicts counts the loop's verdicts by reason (accept-* and drop-*,
+	// docs/verdict-loop.md): why packets were accepted or dropped.
+	Verdicts map[string]uint64 `json:"verdicts"`
 }
 
 // FileCounters are the file channel's counters.
 type FileCounters struct {
-	Events    uint64 `json:"events"`
-	Lost      uint64 `json:"ringbuf_lost"`
-	Committed uint64 `json:"committed"`
-	Aborted   uint64 `json:"aborted"`
-	Refused   uint64 `json:"refused"`
+	Events uint64 `json:"events"`
+	Lost   uint64 `json:"ringbuf_lost"`
+	// Unattributed counts reads the tracer could not attribute to a path
+	// (the sensitive files were then taken as read).
+	Unattributed uint64 `json:"unattributed_reads"`
+	Committed    uint64 `json:"committed"`
+	Aborted      uint64 `json:"aborted"`
+	Refused      uint64 `json:"refused"`
 }
 
 // KernelFeatures says what carbd uses on this host.
 type KernelFeatures struct {
-	TC        string `json:"tc"`        // tcx or clsact
-	Netfilter string `json:"netfilter"` // nft-queue or xt-nfqueue
+	TC        string `json:"tc"`        // tcx or tc-legacy
+	Netfilter string `json:"netfilter"` // nftables or xtables-nft
 	Tracing   string `json:"tracing"`   // tp_btf, raw_tracepoint, off
 	Overlay   string `json:"overlay"`
 }
@@ -144,35 +159,72 @@ func WriteText(w io.Writer, sts []SandboxStatus, now time.Time) {
 		if s.Scope != nil && len(s.Scope.Held) > 0 {
 			fmt.Fprintf(w, "  scope %d holds %d effects:\n", s.Scope.ID, len(s.Scope.Held))
 			for _, h := range s.Scope.Held {
-				pend := ""
-				if h.Pending {
-					pend = fmt.Sprintf("  [operator: carbd approve %d | deny %d, refused in %s]", h.ID, h.ID, h.Deadline.Sub(now).Round(time.Second))
-				}
-				fmt.Fprintf(w, "    #%-5d %-9s %6s  %s %s — %s%s\n", h.ID, h.Kind, time.Duration(h.AgeMillis*int64(time.Millisecond)).Round(time.Millisecond), h.Op, oneLine(h.Obj, 50), oneLine(h.Justification, 90), pend)
+				writeHeld(w, h, now)
 			}
+		}
+		var outside []HeldEffect
+		for _, h := range s.Held {
+			if h.Scope == 0 {
+				outside = append(outside, h)
+			}
+		}
+		if len(outside) > 0 {
+			fmt.Fprintf(w, "  %d effects wait outside any scope:\n", len(outside))
+			for _, h := range outside {
+				writeHeld(w, h, now)
+			}
+		}
+		if s.EngineBusy {
+			asOf := "none read yet"
+			if !s.DecisionsAsOf.IsZero() {
+				asOf = "as of " + now.Sub(s.DecisionsAsOf).Round(time.Millisecond).String() + " ago"
+			}
+			fmt.Fprintf(w, "  (the engine is waiting for the oracle: effect counts and ledger %s)\n", asOf)
 		}
 		q := s.Queue
 		fmt.Fprintf(w, "  queue    %d queued, %d accepted, %d dropped, %d held; kernel queue drops %d, socket drops %d\n",
 			q.Queued, q.Accepted, q.Dropped, q.Held, q.KernelDropped, q.SocketDropped)
+		if drops := nonZero(q.Verdicts, "drop-"); drops != "" {
+			fmt.Fprintf(w, "  drops    %s\n", drops)
+		}
 		if len(s.Datapath) > 0 {
-			keys := make([]string, 0, len(s.Datapath))
-			for k := range s.Datapath {
-				keys = append(keys, k)
-			}
-			sort.Strings(keys)
-			parts := make([]string, 0, len(keys))
-			for _, k := range keys {
-				if s.Datapath[k] > 0 {
-					parts = append(parts, fmt.Sprintf("%s=%d", k, s.Datapath[k]))
-				}
-			}
-			fmt.Fprintf(w, "  datapath %s\n", strings.Join(parts, " "))
+			fmt.Fprintf(w, "  datapath %s\n", nonZero(s.Datapath, ""))
 		}
 		f := s.Files
-		fmt.Fprintf(w, "  files    %d events (%d lost), %d committed, %d aborted, %d refused\n", f.Events, f.Lost, f.Committed, f.Aborted, f.Refused)
+		fmt.Fprintf(w, "  files    %d events (%d lost, %d unattributed reads), %d committed, %d aborted, %d refused\n", f.Events, f.Lost, f.Unattributed, f.Committed, f.Aborted, f.Refused)
 		k := s.Kernel
 		fmt.Fprintf(w, "  kernel   tc=%s netfilter=%s tracing=%s overlay=%s\n", k.TC, k.Netfilter, k.Tracing, k.Overlay)
 	}
+}
+
+// nonZero renders the non-zero counters of m whose names start with
+// prefix as "name=n ...", sorted by name.
+func nonZero(m map[string]uint64, prefix string) string {
+	keys := make([]string, 0, len(m))
+	for k, v := range m {
+		if v > 0 && strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+func writeHeld(w io.Writer, h HeldEffect, now time.Time) {
+	pend := ""
+	if h.Pending {
+		pend = fmt.Sprintf("  [operator: carbd approve %d | deny %d, refused in %s]", h.ID, h.ID, h.Deadline.Sub(now).Round(time.Second))
+	}
+	what := h.Justification
+	if h.Reason != "" {
+		what = h.Reason + ": " + what
+	}
+	fmt.Fprintf(w, "    #%-5d %-9s %6s  %s %s — %s%s\n", h.ID, h.Kind, time.Duration(h.AgeMillis*int64(time.Millisecond)).Round(time.Millisecond),
+		h.Op, oneLine(h.Obj, 50), oneLine(what, 110), pend)
 }
 
 func oneLine(s string, n int) string {

@@ -79,7 +79,7 @@ type Engine struct {
 	loc       map[string]Label
 	scope     *scope
 	nextScope uint64
-	stopped   *Decision // the ledger stop, once the episode is stopped
+	stopped   *Decision    // the ledger stop, once the episode is stopped
 	trace     []traceEntry // a ring; traceHead is its oldest entry once full
 	traceHead int
 	opCache   map[string]*OpSpec

@@ -254,6 +254,10 @@ func (r *resolver) fdPath(pid, fd int, fi fdInfo, haveFI bool) (string, error) {
 	return ent.path, nil
 }
 
+// procRootIno is the inode number of procfs's root directory
+// (PROC_ROOT_INO).
+const procRootIno = 1
+
 // procAlias recognises /proc/<self|thread-self|pid>/[task/<tid>/]fd/<n>,
 // the way virtiofsd reopens its O_PATH descriptors, and returns n when it
 // names one of pid's own descriptors.
@@ -469,6 +473,12 @@ func (r *resolver) resolve(e *rawEvent) Record {
 				delete(r.state(pid).fds, rec.FD)
 				p, e2 = r.fdPath(pid, rec.FD, fi, haveFI)
 			} else {
+				if p == "/proc" && haveFI && fi.Ino != procRootIno && fi.Mode&sIFMT == sIFDIR {
+					// Not procfs's root: virtiofsd's namespace sandbox
+					// bind-mounts /proc/self/fd on /proc, then reopens
+					// its O_PATH descriptor N as openat(that, "N").
+					p = "/proc/self/fd"
+				}
 				ent := fdEntry{path: p}
 				if haveFI {
 					ent.dev, ent.ino, ent.known = fi.Dev, fi.Ino, true

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/carbd/carbd/pkg/ctrl"
+	"github.com/carbd/carbd/pkg/sandbox/chv/chvtest"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -56,7 +57,7 @@ func TestArgsGolden(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("argv (-want +got):\n%s", diff)
 	}
-	if _, err := parseCHArgs(got); err == nil || !strings.Contains(err.Error(), "not an ELF") {
+	if _, err := chvtest.ParseArgs(got); err == nil || !strings.Contains(err.Error(), "not an ELF") {
 		// The fake's parser accepts the argv up to the kernel file,
 		// which does not exist here.
 		t.Errorf("the fake's strict parser: %v", err)
@@ -120,7 +121,7 @@ func TestValidateRejects(t *testing.T) {
 }
 
 // serveFake serves api on a Unix socket and returns a client for it.
-func serveFake(t *testing.T, api *fakeAPI) *Client {
+func serveFake(t *testing.T, api *chvtest.API) *Client {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "api.sock")
 	ln, err := net.Listen("unix", sock)
@@ -136,7 +137,7 @@ func serveFake(t *testing.T, api *fakeAPI) *Client {
 }
 
 func TestClientAgainstFake(t *testing.T) {
-	api := newFakeAPI(true)
+	api := chvtest.NewAPI(true)
 	c := serveFake(t, api)
 	ctx := context.Background()
 
@@ -192,18 +193,16 @@ func TestClientAgainstFake(t *testing.T) {
 		"PUT /api/v1/vm.power-button",
 		"PUT /api/v1/vmm.shutdown",
 	}
-	api.mu.Lock()
-	defer api.mu.Unlock()
-	if diff := cmp.Diff(want, api.requests); diff != "" {
+	if diff := cmp.Diff(want, api.Requests()); diff != "" {
 		t.Errorf("requests (-want +got):\n%s", diff)
 	}
-	if len(api.violations) > 0 {
-		t.Errorf("contract violations: %q", api.violations)
+	if v := api.Violations(); len(v) > 0 {
+		t.Errorf("contract violations: %q", v)
 	}
 }
 
 func TestClientNotCreated(t *testing.T) {
-	c := serveFake(t, newFakeAPI(false))
+	c := serveFake(t, chvtest.NewAPI(false))
 	ctx := context.Background()
 	if _, err := c.Info(ctx); !errors.Is(err, ErrNotCreated) {
 		t.Errorf("info: %v", err)
@@ -218,7 +217,7 @@ func TestClientNotCreated(t *testing.T) {
 func TestFakeRejectsContractBreaches(t *testing.T) {
 	// The fake is strict: the same requests with a wrong method, a body,
 	// an unknown endpoint are refused and recorded.
-	api := newFakeAPI(true)
+	api := chvtest.NewAPI(true)
 	c := serveFake(t, api)
 	do := func(method, path, body string) int {
 		req, _ := http.NewRequest(method, "http://localhost"+path, strings.NewReader(body))
@@ -240,11 +239,11 @@ func TestFakeRejectsContractBreaches(t *testing.T) {
 			t.Errorf("%s %s: status %d, want 400", r[0], r[1], got)
 		}
 	}
-	if len(api.violations) != 5 {
-		t.Errorf("violations %q", api.violations)
+	if v := api.Violations(); len(v) != 5 {
+		t.Errorf("violations %q", v)
 	}
-	if api.state != StateRunning {
-		t.Errorf("a refused request changed the state to %s", api.state)
+	if st := api.State(); st != chvtest.StateRunning {
+		t.Errorf("a refused request changed the state to %s", st)
 	}
 }
 
@@ -285,11 +284,11 @@ func TestDialVsock(t *testing.T) {
 		line, _ := r.ReadString('\n')
 		c.Write([]byte("echo: " + line))
 	}
-	fv, err := startFakeVsock(sock, 1024, echo)
+	fv, err := chvtest.StartVsock(sock, 1024, echo)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fv.ln.Close()
+	defer fv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -359,7 +358,7 @@ func TestDialVsockBadAnswers(t *testing.T) {
 // says, serves the API and the hybrid vsock; the control protocol runs
 // over the vsock and Stop ends the process through vmm.shutdown.
 func TestStartAgainstFakeBinary(t *testing.T) {
-	t.Setenv("CARBD_FAKE_CHV", "1")
+	t.Setenv(chvtest.EnvFake, "1")
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -443,7 +442,7 @@ func TestStartRefusesBzImage(t *testing.T) {
 func TestStartReportsExit(t *testing.T) {
 	// The fake refuses a command line without --vsock... which Args never
 	// builds; an extra unknown argument stands in for a refused option.
-	t.Setenv("CARBD_FAKE_CHV", "1")
+	t.Setenv(chvtest.EnvFake, "1")
 	self, _ := os.Executable()
 	dir := t.TempDir()
 	cfg := fullConfig()

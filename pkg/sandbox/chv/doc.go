@@ -33,7 +33,9 @@
 // # Tests
 //
 // Cloud Hypervisor cannot be installed here, so the tests run against a
-// fake that implements the documented contract strictly: an HTTP server
+// fake that implements the documented contract strictly (package
+// chvtest, shared with the daemon's cloud-hypervisor backend tests): an
+// HTTP server
 // on a Unix socket that accepts only the documented endpoints with their
 // methods and empty bodies and answers with the documented codes and
 // schemas (every request is recorded and compared), a hybrid vsock

@@ -64,6 +64,10 @@ type Config struct {
 	// port (a virtio-serial port named CtrlPortName); Start connects to
 	// it. Required.
 	CtrlSocket string
+	// QMPSocket, when set, is the Unix socket QEMU serves its machine
+	// protocol on (-qmp unix:PATH,server=on,wait=off): VM.Pause,
+	// VM.Resume and VM.Status use it.
+	QMPSocket string
 	// ConsoleLog receives the guest's serial console (kernel messages,
 	// the image's /init log). Required.
 	ConsoleLog string
@@ -172,7 +176,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("qemu: config: %s %q is not an absolute path", name, p)
 		}
 	}
-	for name, p := range map[string]string{"control socket": c.CtrlSocket, "console log": c.ConsoleLog} {
+	if c.QMPSocket != "" && !filepath.IsAbs(c.QMPSocket) {
+		return fmt.Errorf("qemu: config: qmp socket %q is not an absolute path", c.QMPSocket)
+	}
+	for name, p := range map[string]string{"control socket": c.CtrlSocket, "console log": c.ConsoleLog, "qmp socket": c.QMPSocket} {
 		if strings.ContainsAny(p, ",=") {
 			return fmt.Errorf("qemu: config: %s %q contains ',' or '=' (QEMU option syntax)", name, p)
 		}
@@ -295,5 +302,8 @@ func (c Config) Args() ([]string, error) {
 		"-chardev", "socket,id=ctl,path="+c.CtrlSocket+",server=on,wait=off",
 		"-device", "virtserialport,chardev=ctl,name="+CtrlPortName,
 	)
+	if c.QMPSocket != "" {
+		a = append(a, "-qmp", "unix:"+c.QMPSocket+",server=on,wait=off")
+	}
 	return append(a, c.ExtraArgs...), nil
 }

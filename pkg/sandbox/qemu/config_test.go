@@ -105,6 +105,20 @@ func TestArgsGoldenMicroVMKVM(t *testing.T) {
 	}
 }
 
+func TestArgsQMP(t *testing.T) {
+	c := fullConfig()
+	c.QMPSocket = "/run/carbd/vm1/qmp.sock"
+	got, err := c.Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := fullConfig().Args()
+	want := append(base, "-qmp", "unix:/run/carbd/vm1/qmp.sock,server=on,wait=off")
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("argv (-want +got):\n%s", diff)
+	}
+}
+
 func TestArgsMinimal(t *testing.T) {
 	// No network, no file system: only the control port.
 	got, err := Config{Accel: TCG, Kernel: "/k", Initrd: "/i", CtrlSocket: "/c", ConsoleLog: "/l"}.Args()
@@ -145,6 +159,8 @@ func TestValidateRejects(t *testing.T) {
 		"tag with space":    func(c *Config) { c.FS.Tag = "a b" },
 		"relative mount":    func(c *Config) { c.FS.MountPoint = "work" },
 		"kernel param":      func(c *Config) { c.ExtraCmdline = []string{"a b"} },
+		"relative qmp":      func(c *Config) { c.QMPSocket = "qmp.sock" },
+		"comma in qmp":      func(c *Config) { c.QMPSocket = "/q,s" },
 	} {
 		c := fullConfig()
 		n, f := *c.Net, *c.FS

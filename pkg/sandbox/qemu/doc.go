@@ -22,9 +22,14 @@
 // period; QEMU also gets SIGKILL if carbd dies (fail closed).
 //
 // CreateTap makes the persistent tap device QEMU attaches to (carbd puts
-// its TC program and netfilter rules on it). virtiofsd is started per
+// its TC program and netfilter rules on it); CreateTapDown makes it down,
+// so the hooks are attached before Tap.Up. virtiofsd is started per
 // boot with fileev.StartVirtiofsd (pkg/hooks/fileev), which also lets it
 // run in a traced cgroup.
+//
+// With Config.QMPSocket, QEMU serves its machine protocol there:
+// VM.Pause (QMP stop: the guest's vCPUs stop), VM.Resume (cont),
+// VM.Status (query-status), VM.QMP for any command (QMPExecute).
 //
 // # Requirements
 //
@@ -34,8 +39,10 @@
 //
 // # Tests
 //
-// Unprivileged: golden argv for q35/TCG and microvm/KVM, validation.
-// As root: tap creation and removal, the accelerator probe (on a fake
+// Unprivileged: golden argv for q35/TCG and microvm/KVM, validation, the
+// QMP client against a fake QMP server.
+// As root: tap creation (up and down) and removal, QMP pause and resume
+// of a real QEMU, the accelerator probe (on a fake
 // /sys/module too), QEMU failures surfacing with QEMU's message, Stop,
 // and TestBootRunTask, a real boot (slow, skipped by -short): the image
 // boots with a tap, virtio-fs over a temporary directory, a per-boot

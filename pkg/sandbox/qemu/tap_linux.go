@@ -21,7 +21,22 @@ type Tap struct {
 
 // CreateTap creates the tap device name (IFF_TAP, IFF_NO_PI, one queue),
 // gives it addr when valid, and sets it up. Delete removes it.
-func CreateTap(name string, addr netip.Prefix) (_ *Tap, err error) {
+func CreateTap(name string, addr netip.Prefix) (*Tap, error) {
+	t, err := CreateTapDown(name, addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.Up(); err != nil {
+		_ = t.Delete()
+		return nil, err
+	}
+	return t, nil
+}
+
+// CreateTapDown is CreateTap without setting the link up, so that
+// carbd's TC program and rules are attached before it carries anything;
+// Up sets it up.
+func CreateTapDown(name string, addr netip.Prefix) (_ *Tap, err error) {
 	la := netlink.NewLinkAttrs()
 	la.Name = name
 	tap := &netlink.Tuntap{
@@ -47,10 +62,22 @@ func CreateTap(name string, addr netip.Prefix) (_ *Tap, err error) {
 			return nil, fmt.Errorf("qemu: address %v on tap %s: %w", addr, name, err)
 		}
 	}
-	if err := netlink.LinkSetUp(link); err != nil {
-		return nil, fmt.Errorf("qemu: tap %s up: %w", name, err)
-	}
 	return &Tap{Name: name, Index: link.Attrs().Index, Addr: addr}, nil
+}
+
+// Up sets the tap up.
+func (t *Tap) Up() error {
+	link, err := netlink.LinkByIndex(t.Index)
+	if err != nil {
+		return fmt.Errorf("qemu: tap %s: %w", t.Name, err)
+	}
+	if link.Attrs().Name != t.Name {
+		return fmt.Errorf("qemu: tap %s: index %d is now %s", t.Name, t.Index, link.Attrs().Name)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("qemu: tap %s up: %w", t.Name, err)
+	}
+	return nil
 }
 
 // Delete removes the tap device; one already gone is not an error.

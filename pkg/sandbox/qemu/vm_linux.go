@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +33,8 @@ type VM struct {
 	cmd        *exec.Cmd
 	grace      time.Duration
 	consoleLog string
+	qmp        string     // QMP socket, "" without one
+	qmpMu      sync.Mutex // one QMP client at a time
 	tail       *tailBuffer
 	done       chan struct{}
 	err        error // Wait's result; set before done is closed
@@ -60,8 +63,13 @@ func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
 			return nil, fmt.Errorf("qemu: boot image: %w", err)
 		}
 	}
-	if err := os.Remove(cfg.CtrlSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("qemu: remove stale %s: %w", cfg.CtrlSocket, err)
+	for _, p := range []string{cfg.CtrlSocket, cfg.QMPSocket} {
+		if p == "" {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("qemu: remove stale %s: %w", p, err)
+		}
 	}
 	vm := &VM{
 		Accel:       cfg.Accel,
@@ -69,6 +77,7 @@ func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
 		Args:        append([]string{cfg.Binary}, args...),
 		grace:       cfg.StopGrace,
 		consoleLog:  cfg.ConsoleLog,
+		qmp:         cfg.QMPSocket,
 		tail:        &tailBuffer{max: 8192},
 		done:        make(chan struct{}),
 	}
@@ -198,6 +207,46 @@ func (vm *VM) Stop() error {
 	}
 	<-vm.done
 	return nil
+}
+
+// QMP runs one command on the VM's QMP socket (see QMPExecute).
+func (vm *VM) QMP(ctx context.Context, command string, args any) (json.RawMessage, error) {
+	if vm.qmp == "" {
+		return nil, ErrNoQMP
+	}
+	vm.qmpMu.Lock()
+	defer vm.qmpMu.Unlock()
+	return QMPExecute(ctx, vm.qmp, command, args)
+}
+
+// Pause stops the guest's vCPUs (QMP stop): the guest runs no more
+// instruction and its devices send nothing until Resume. QEMU keeps
+// running: Stop still ends it.
+func (vm *VM) Pause(ctx context.Context) error {
+	_, err := vm.QMP(ctx, "stop", nil)
+	return err
+}
+
+// Resume restarts the guest's vCPUs (QMP cont).
+func (vm *VM) Resume(ctx context.Context) error {
+	_, err := vm.QMP(ctx, "cont", nil)
+	return err
+}
+
+// Status is the run state QMP query-status reports: "running",
+// "paused", "shutdown", ...
+func (vm *VM) Status(ctx context.Context) (string, error) {
+	b, err := vm.QMP(ctx, "query-status", nil)
+	if err != nil {
+		return "", err
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.Status == "" {
+		return "", fmt.Errorf("qemu: qmp query-status: answer %s", b)
+	}
+	return st.Status, nil
 }
 
 // tailBuffer keeps the last max bytes written to it.

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -60,6 +61,18 @@ func image(t *testing.T) vmimage.Image {
 				return
 			}
 			dir = filepath.Dir(dir)
+		}
+		// Other packages' tests build the image too (pkg/daemon): one
+		// build at a time.
+		lock, err := os.OpenFile(filepath.Join(os.TempDir(), "carbd-vmimage-build.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			buildOnce.err = err
+			return
+		}
+		defer lock.Close()
+		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+			buildOnce.err = err
+			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
@@ -396,5 +409,79 @@ func TestCreateTap(t *testing.T) {
 	}
 	if err := tap.Delete(); err != nil {
 		t.Errorf("second Delete: %v", err)
+	}
+}
+
+// TestQMPPauseResume pauses and resumes a real QEMU through its QMP
+// socket (the daemon pauses a VM on a ledger stop).
+func TestQMPPauseResume(t *testing.T) {
+	requireVM(t)
+	img := image(t)
+	dir := t.TempDir()
+	vm, err := Start(context.Background(), Config{
+		Accel:      TCG,
+		Kernel:     img.Kernel,
+		Initrd:     img.Initramfs,
+		CtrlSocket: filepath.Join(dir, "ctl.sock"),
+		QMPSocket:  filepath.Join(dir, "qmp.sock"),
+		ConsoleLog: filepath.Join(dir, "console.log"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vm.Stop() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, step := range []struct {
+		do   func(context.Context) error
+		want string
+	}{
+		{nil, "running"},
+		{vm.Pause, "paused"},
+		{vm.Resume, "running"},
+		{vm.Pause, "paused"},
+	} {
+		if step.do != nil {
+			if err := step.do(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st, err := vm.Status(ctx); err != nil || st != step.want {
+			t.Fatalf("status %q %v, want %s", st, err, step.want)
+		}
+	}
+	// A paused QEMU still stops.
+	if err := vm.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Wait(); err != nil {
+		t.Errorf("wait: %v", err)
+	}
+}
+
+func TestCreateTapDown(t *testing.T) {
+	testutil.RequireRoot(t)
+	name := testutil.UniqueName("cbq")
+	host, _ := subnet(name)
+	tap, err := CreateTapDown(name, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tap.Delete() })
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ifi.Flags&net.FlagUp != 0 {
+		t.Errorf("tap %s is up before Up: %v", name, ifi.Flags)
+	}
+	if addrs, _ := ifi.Addrs(); len(addrs) != 1 || addrs[0].String() != host.String() {
+		t.Errorf("addresses %v, want %v", addrs, host)
+	}
+	if err := tap.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if ifi, err = net.InterfaceByName(name); err != nil || ifi.Flags&net.FlagUp == 0 {
+		t.Errorf("tap %s not up after Up: %v %v", name, ifi, err)
 	}
 }

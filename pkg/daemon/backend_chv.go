@@ -1,0 +1,117 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/carbd/carbd/pkg/ctrl"
+	"github.com/carbd/carbd/pkg/sandbox/chv"
+)
+
+// chvLauncher is the cloud-hypervisor backend, launched and driven as
+// its documentation specifies (docs/vm.md): --api-socket, --kernel (the
+// image's PVH vmlinux), --initramfs, --cmdline, --memory shared=on (for
+// --fs), --net on the tap carbd created (with its address given
+// explicitly: releases from v36 to v47 set a default 192.168.249.1 on a
+// named tap without ip=), --fs on virtiofsd's socket, --vsock (hybrid:
+// the control channel is "CONNECT <port>" on its Unix socket), the
+// serial console to a file; vm.pause on a ledger stop, vm.shutdown then
+// vmm.shutdown to stop.
+type chvLauncher struct{}
+
+// chvCID is the guest's vsock context id. With hybrid vsock the host
+// side is a Unix socket per VM, so every VM may use the same one.
+const chvCID = 3
+
+func (chvLauncher) check(cfg *VMConfig) []error {
+	if cfg.Binary == "" {
+		cfg.Binary = chv.DefaultBinary
+	}
+	var errs []error
+	if _, err := lookBinary(cfg.Binary); err != nil {
+		errs = append(errs, fmt.Errorf("Cloud Hypervisor is missing (%s: %v): install its release binary (cloud-hypervisor-static from https://github.com/cloud-hypervisor/cloud-hypervisor/releases) or the distribution's cloud-hypervisor package, or give its path; on hosts without it use --backend qemu", cfg.Binary, err))
+	}
+	if cfg.Accel != "" {
+		errs = append(errs, fmt.Errorf("accelerator %q: Cloud Hypervisor always uses KVM (or MSHV)", cfg.Accel))
+	}
+	return errs
+}
+
+func (chvLauncher) launch(ctx context.Context, s *vmSpec) (hypervisor, error) {
+	if _, err := os.Stat(s.vmlinux); err != nil {
+		return nil, fmt.Errorf("the guest image has no vmlinux (%v): Cloud Hypervisor boots the ELF kernel `make vmimage` writes next to vmlinuz", err)
+	}
+	p := s.nc.plan
+	cc := chv.Config{
+		Binary:    s.cfg.Binary,
+		APISocket: filepath.Join(s.dir, "api.sock"),
+		Kernel:    s.vmlinux,
+		Initramfs: s.initrd,
+		CPUs:      s.cfg.CPUs,
+		MemoryMiB: s.cfg.MemoryMiB,
+		Net: &chv.Net{Tap: s.tap, HostAddr: p.HostAddr4, Addr: p.GuestAddr4,
+			Gateway: p.HostAddr4.Addr(), DNS: p.HostAddr4.Addr()},
+		FS:        &chv.FS{Socket: s.vfsSock, Tag: vmFSTag, MountPoint: s.workdir},
+		Vsock:     chv.Vsock{CID: chvCID, Socket: filepath.Join(s.dir, "vsock.sock"), Port: chv.DefaultCtrlPort},
+		SerialLog: s.console,
+		Verbose:   s.cfg.Verbose,
+	}
+	vm, err := chv.Start(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("%w (Cloud Hypervisor needs /dev/kvm with hardware virtualisation)%s", err, diagText(nil, s.console))
+	}
+	s.nc.d.log.Info("cloud-hypervisor started", "version", vm.Version, "pid", vm.PID())
+	return &chvVM{vm: vm, console: s.console}, nil
+}
+
+// chvVM is a running Cloud Hypervisor.
+type chvVM struct {
+	vm      *chv.VM
+	console string
+	stopMu  sync.Mutex // one stop sequence at a time
+}
+
+func (c *chvVM) pid() int { return c.vm.PID() }
+
+// connect dials the guest's control port through the hybrid vsock,
+// retrying while the guest boots.
+func (c *chvVM) connect(ctx context.Context) (*ctrl.Conn, error) {
+	vc, err := c.vm.DialCtrl(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ctrl.NewConn(vc), nil
+}
+
+// pause is PUT vm.pause.
+func (c *chvVM) pause(ctx context.Context) error { return c.vm.API.Pause(ctx) }
+
+// stop is PUT vm.shutdown (the guest stops at once; the VMM stays up),
+// then the VMM's own stop: PUT vmm.shutdown, SIGTERM, SIGKILL.
+func (c *chvVM) stop() error {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	select {
+	case <-c.vm.Done():
+		return nil
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	serr := c.vm.API.Shutdown(ctx)
+	cancel()
+	if errors.Is(serr, chv.ErrWrongState) || errors.Is(serr, chv.ErrNotCreated) {
+		serr = nil // already shut down, or never booted: the VMM still goes
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return errors.Join(serr, c.vm.Stop(ctx))
+}
+
+func (c *chvVM) done() <-chan struct{} { return c.vm.Done() }
+func (c *chvVM) exitErr() error        { return c.vm.Wait() }
+func (c *chvVM) diag() string          { return diagText(c.vm.Output(), c.console) }

@@ -1,0 +1,57 @@
+package fileev
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestResolveVirtiofsdProcBind: QEMU's virtiofsd (sandbox=namespace)
+// bind-mounts /proc/self/fd on /proc, opens "/proc" as its
+// proc_self_fd, and reopens the O_PATH descriptor N of an inode with
+// openat(proc_self_fd, "N") before reading it (lo_inode_open). The
+// reopened descriptor is the inode's path, so the read of a sensitive
+// file is seen as such; a real procfs root (inode 1) is not taken for a
+// descriptor table.
+func TestResolveVirtiofsdProcBind(t *testing.T) {
+	const procDev = 1<<20 | 43
+	dir := func(fd int32, ino uint64, dev uint32) fdInfo {
+		return fdInfo{FD: fd, Ino: ino, Dev: dev, Mode: sIFDIR | 0o555, Valid: true}
+	}
+	for _, tc := range []struct {
+		name     string
+		procIno  uint64
+		reopened fdInfo // what openat(proc_self_fd, "19") opened
+		want     []string
+	}{
+		{"bind of /proc/self/fd", 454301, reg(20, 50, 0),
+			[]string{"/proc/self/fd", "certs/service.pem", "certs/service.pem", "certs/service.pem"}},
+		// On a real /proc, "19" is process 19's directory.
+		{"procfs root", procRootIno, dir(20, 9999, procDev),
+			[]string{"/proc", "certs/service.pem", "/proc/19"}},
+	} {
+		p := &fakeProc{cwds: map[int]string{100: "/"}, nspids: map[int][]int{100: {100, 1}}}
+		r := newTestResolver(p, map[uint32]string{1: "/"})
+		steps := []rawEvent{
+			withFI(withPath(sc(257, OpOpen, 6, cwdArg, 0, 0o10000000, 0), "/proc"), dir(6, tc.procIno, procDev)),
+			// lookup: O_PATH descriptor 19 for certs/service.pem
+			withFI(withPath(sc(257, OpOpen, 19, cwdArg, 0, 0o10000000|0o400000, 0), "/certs/service.pem"), reg(19, 50, 0)),
+			// lo_inode_open: openat(proc_self_fd, "19", O_RDONLY)
+			withFI(withPath(sc(257, OpOpen, 20, 6, 0, 0, 0), "19"), dir(6, tc.procIno, procDev), tc.reopened),
+			// the read into guest memory
+			withFI(sc(295, OpRead, 15, 20, 0, 1, 0), reg(20, 50, 0)),
+		}
+		steps = steps[:len(tc.want)]
+		var got []string
+		for i := range steps {
+			rec := r.resolve(&steps[i])
+			if rec.Malformed != "" {
+				t.Errorf("%s: step %d malformed: %s", tc.name, i, rec.Malformed)
+			}
+			got = append(got, rec.Path)
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%s: paths (-want +got):\n%s", tc.name, diff)
+		}
+	}
+}
