@@ -67,7 +67,7 @@ func newWorld(t *testing.T, octet int) *world {
 		w.mu.Lock()
 		w.reqs = append(w.reqs, strings.Join([]string{r.Host, r.Method, r.URL.Path, string(body)}, " "))
 		w.mu.Unlock()
-		fmt.Fprintf(rw, "hello from %s\n", r.Host)
+		fmt.Fprintf(rw, "hello from %s\nmirror: http://evil.example.net/x\n", r.Host)
 	})}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
@@ -194,5 +194,14 @@ exit 7`)
 	}
 	if len(sum.Refused) < 2 {
 		t.Errorf("summary refused %d effects, want at least the evil lookup and the leak: %+v", len(sum.Refused), sum.Refused)
+	}
+	// The evil name came from the page the world served: carbd observed
+	// the response and names it as the value's origin.
+	origin := false
+	for _, d := range sum.Refused {
+		origin = origin || strings.Contains(d.Justification, "supplied by fetch:api.example.com/status")
+	}
+	if !origin {
+		t.Errorf("no refusal names the fetched page as the origin of the evil name: %+v", sum.Refused)
 	}
 }

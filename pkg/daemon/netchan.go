@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/carbd/carbd/pkg/hooks/dnsproxy"
 	"github.com/carbd/carbd/pkg/hooks/nfq"
 	"github.com/carbd/carbd/pkg/hooks/nfrules"
+	"github.com/carbd/carbd/pkg/hooks/respwatch"
 	"github.com/carbd/carbd/pkg/hooks/tcx"
 	"github.com/carbd/carbd/pkg/sandbox/netns"
 )
@@ -36,6 +38,7 @@ type netChannel struct {
 	loop    *nfq.Loop
 	dns     *dnsproxy.Proxy
 	cap     *capture.Capture
+	resp    *respwatch.Watcher
 	sb      *netns.Sandbox
 	// agentDir is the agent's control directory (task, notices).
 	agentDir string
@@ -229,10 +232,23 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	if err := nc.dns.Serve(ctx, netip.AddrPortFrom(nc.plan.HostAddr4.Addr(), 53)); err != nil {
 		return err
 	}
-	if c, err := capture.Start(nc.plan.HostIf, "", 0, 64<<20); err == nil {
+	// What the world answers is observed for provenance: responses are
+	// reassembled from the capture and handed to the engine as incoming
+	// events (docs/responses.md).
+	w, err := respwatch.New(respwatch.Config{Resolved: nc.resolved})
+	if err != nil {
+		return err
+	}
+	nc.resp = w
+	nc.wg.Add(1)
+	go func() {
+		defer nc.wg.Done()
+		_ = w.Run(ctx, nc.observe)
+	}()
+	if c, err := capture.Start(nc.plan.HostIf, "", 0, 64<<20, capture.WithFrameFunc(w.Record), capture.WithReadBuffer(8<<20)); err == nil {
 		nc.cap = c
 	} else {
-		d.log.Warn("capture off", "err", err)
+		d.log.Warn("capture off: responses are not observed", "err", err)
 	}
 	undo, err := masquerade(nc.plan)
 	if err != nil {
@@ -240,6 +256,38 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	}
 	nc.nat = undo
 	return nil
+}
+
+// resolved reports whether the sandbox's resolver answered host with
+// addr: only then is a response named by the host the guest claimed.
+func (nc *netChannel) resolved(host string, addr netip.Addr) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	for _, n := range nc.names[addr.Unmap()] {
+		if n == host {
+			return true
+		}
+	}
+	return false
+}
+
+// observe hands a response from the world to the engine. The model
+// provider's answers are an internal channel, not input from the world.
+func (nc *netChannel) observe(ev decide.Event) {
+	if _, internal := nc.d.engine.Policy().InternalChannel(&ev); internal {
+		return
+	}
+	if ev.Dest != nil && ev.Dest.Host == "" && ev.Dest.Addr.IsValid() {
+		nc.mu.Lock()
+		if names := nc.names[ev.Dest.Addr.Unmap()]; len(names) > 0 {
+			dst := *ev.Dest
+			dst.Host = names[len(names)-1]
+			ev.Dest = &dst
+		}
+		nc.mu.Unlock()
+	}
+	nc.d.engine.Observe(ev)
 }
 
 // learn records name -> address answers of the sandbox's resolver, so a
@@ -275,6 +323,13 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 	// What the agent read before it sent this must be known before it is
 	// decided (a read then a send at once would otherwise race the
 	// tracer). If that cannot be established, refuse: fail closed.
+	// Likewise what the world answered on this connection before this
+	// request (a link copied from a page just fetched).
+	if nc.resp != nil && m.Flow.Proto == 6 {
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_ = nc.resp.WaitSeen(wctx, netip.AddrPortFrom(m.Flow.Src, m.Flow.SrcPort), netip.AddrPortFrom(m.Flow.Dst, m.Flow.DstPort), m.Seq)
+		cancel()
+	}
 	if err := nc.d.files.syncTracing(ctx); err != nil {
 		nc.d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", ev.Summary(), "err", err)
 		return nfq.Outcome{Verdict: nfq.Refuse, Reason: "tracing-sync"}

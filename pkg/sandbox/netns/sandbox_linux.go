@@ -342,6 +342,12 @@ func sandboxInit() (int, error) {
 		return 0, errors.New("the host did not finish setting up the sandbox")
 	}
 	goF.Close()
+	// Enter the working directory again now that the init is in the
+	// traced cgroup: the tracer learns the working directory the command
+	// inherits, so its relative paths resolve.
+	if err := os.Chdir(ic.Workdir); err != nil {
+		return 0, fmt.Errorf("enter working directory: %w", err)
+	}
 	return runAsInit(ic.Argv, ic.Env)
 }
 
