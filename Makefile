@@ -24,8 +24,9 @@ setup:
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/carbd
 
-## test: every test; privileged ones run as root (CI) and skip otherwise
-test:
+## test: every test; privileged ones run as root (CI) and skip otherwise;
+##       the committed eBPF objects must match their sources
+test: check-generated
 	$(GO) vet ./...
 	CARBD_CI=$${CARBD_CI:-} $(GO) test -count=1 -timeout 20m ./...
 
