@@ -257,12 +257,20 @@ func (e *Engine) sensitivity(ev *Event, spec *OpSpec) (Level, string, string) {
 		}
 		return s
 	}
+	if e.sens.Len() == 0 {
+		return 0, "", ""
+	}
 	scan := func(s string) {
 		if s == "" {
 			return
 		}
 		if len(idents) > 0 {
 			s = blank(s)
+		}
+		// Most effects carry no sensitive token: the allocation-free
+		// check first, the hits only when there are some.
+		if _, found := e.sens.MaxLevel(s); !found {
+			return
 		}
 		_, hits := e.sens.Scan(s)
 		for _, h := range hits {
@@ -281,7 +289,9 @@ func (e *Engine) sensitivity(ev *Event, spec *OpSpec) (Level, string, string) {
 	}
 	scan(ev.Obj)
 	for _, f := range ev.Fields {
-		scan(f.Value)
+		if f.Value != ev.Content && f.Value != ev.Obj { // scanned with them
+			scan(f.Value)
+		}
 	}
 	scan(ev.Content)
 	if ev.Opaque && e.sensMax > best {

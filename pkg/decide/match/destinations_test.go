@@ -104,3 +104,22 @@ func TestDistinctive(t *testing.T) {
 		}
 	}
 }
+
+// The fast pre-check never hides a destination Destinations would find.
+func FuzzDestinationsPrecheck(f *testing.F) {
+	for _, s := range []string{"see http://localhost/x", "mail a@b", "+41 44 668 1800", "DE89370400440532013000", "the weekly report: all good"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !mayHoldDestination(s) {
+			var out []Destination
+			func() {
+				defer func() { recover() }()
+				out = destinationsFull(s)
+			}()
+			if len(out) > 0 {
+				t.Fatalf("pre-check ruled out %q, which holds %+v", s, out)
+			}
+		}
+	})
+}

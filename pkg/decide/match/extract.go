@@ -672,6 +672,25 @@ var commonTLDs = map[string]bool{
 	"edu": true, "gov": true,
 }
 
+// mayHoldDestination is a cheap test that rules out most ordinary text:
+// every destination kind needs a '.' (hosts), '/' (a URL's "://"), '@'
+// (e-mail addresses) or some digits (IBANs, phone numbers).
+func mayHoldDestination(s string) bool {
+	digits := 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '.' || c == '@' || c == '/' || c >= 0x80:
+			return true
+		case c >= '0' && c <= '9':
+			digits++
+			if digits >= 2 { // an IBAN has two check digits
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Destinations returns the destination-like values in content, in order
 // of appearance: URLs with a scheme, bare host names ("www." names, names
 // followed by a path, and dotted names under a common top-level domain),
@@ -682,6 +701,13 @@ var commonTLDs = map[string]bool{
 // as embedded targets: a link or an address inside a message steers
 // whoever reads it (docs/provenance.md).
 func Destinations(content string) []Destination {
+	if !mayHoldDestination(content) {
+		return nil
+	}
+	return destinationsFull(content)
+}
+
+func destinationsFull(content string) []Destination {
 	var out []Destination
 	covered := func(i, j int) bool {
 		for _, d := range out {
