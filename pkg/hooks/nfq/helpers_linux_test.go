@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -420,7 +421,13 @@ func sendUDP(t testing.TB, ns string, dst netip.AddrPort, src uint16, payloads .
 	}
 	defer c.Close()
 	for _, p := range payloads {
-		if _, err := c.Write(p); err != nil {
+		_, err := c.Write(p)
+		if err != nil && (errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EACCES)) {
+			// A connected socket reports the ICMP error a refused earlier
+			// datagram drew on its next call: this datagram was not sent.
+			_, err = c.Write(p)
+		}
+		if err != nil {
 			t.Fatalf("send udp to %s: %v", dst, err)
 		}
 	}
