@@ -5,7 +5,6 @@ package fileev
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/carbd/carbd/internal/proc"
 )
 
 // DefaultVirtiofsd is where Debian's qemu-system-common installs the C
@@ -122,7 +121,7 @@ type Virtiofsd struct {
 
 	mu      sync.Mutex // guards stopped
 	stopped bool
-	tail    *tailBuffer
+	tail    *proc.Tail
 }
 
 // StartVirtiofsd starts virtiofsd and returns once its socket is
@@ -146,7 +145,7 @@ func StartVirtiofsd(ctx context.Context, cfg VirtiofsdConfig) (_ *Virtiofsd, err
 			return nil, fmt.Errorf("virtiofsd: remove stale socket: %w", err)
 		}
 	}
-	v := &Virtiofsd{grace: cfg.StopGrace, socket: cfg.SocketPath, done: make(chan struct{}), tail: &tailBuffer{max: 4096}}
+	v := &Virtiofsd{grace: cfg.StopGrace, socket: cfg.SocketPath, done: make(chan struct{}), tail: &proc.Tail{Max: 4096}}
 	if v.grace == 0 {
 		v.grace = 5 * time.Second
 	}
@@ -261,45 +260,5 @@ func (v *Virtiofsd) Stop() error {
 	v.mu.Lock()
 	v.stopped = true
 	v.mu.Unlock()
-	select {
-	case <-v.done:
-		return nil
-	default:
-	}
-	if err := v.cmd.Process.Signal(unix.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("virtiofsd: stop: %w", err)
-	}
-	select {
-	case <-v.done:
-		return nil
-	case <-time.After(v.grace):
-	}
-	if err := v.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("virtiofsd: kill: %w", err)
-	}
-	<-v.done
-	return nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) Bytes() []byte {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return append([]byte(nil), t.b...)
+	return proc.Stop(v.cmd, v.done, v.grace, "virtiofsd")
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/carbd/carbd/internal/proc"
 )
 
 // VM is a running cloud-hypervisor process.
@@ -26,7 +28,7 @@ type VM struct {
 
 	cfg  Config
 	cmd  *exec.Cmd
-	tail *tailBuffer
+	tail *proc.Tail
 	done chan struct{}
 	err  error // set before done is closed
 
@@ -61,7 +63,7 @@ func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
 		API:  NewClient(cfg.APISocket),
 		Args: append([]string{cfg.Binary}, args...),
 		cfg:  cfg,
-		tail: &tailBuffer{max: 8192},
+		tail: &proc.Tail{Max: 8192},
 		done: make(chan struct{}),
 	}
 	cmd := exec.Command(cfg.Binary, args...)
@@ -209,27 +211,4 @@ func (vm *VM) waitFor(d time.Duration) bool {
 	case <-time.After(d):
 		return false
 	}
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) Bytes() []byte {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return bytes.Clone(t.b)
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/carbd/carbd/internal/proc"
 	"github.com/carbd/carbd/pkg/ctrl"
 )
 
@@ -35,7 +35,7 @@ type VM struct {
 	consoleLog string
 	qmp        string     // QMP socket, "" without one
 	qmpMu      sync.Mutex // one QMP client at a time
-	tail       *tailBuffer
+	tail       *proc.Tail
 	done       chan struct{}
 	err        error // Wait's result; set before done is closed
 
@@ -78,7 +78,7 @@ func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
 		grace:       cfg.StopGrace,
 		consoleLog:  cfg.ConsoleLog,
 		qmp:         cfg.QMPSocket,
-		tail:        &tailBuffer{max: 8192},
+		tail:        &proc.Tail{Max: 8192},
 		done:        make(chan struct{}),
 	}
 	cmd := exec.Command(cfg.Binary, args...)
@@ -189,24 +189,7 @@ func (vm *VM) Stop() error {
 	if vm.Ctrl != nil {
 		vm.Ctrl.Close()
 	}
-	select {
-	case <-vm.done:
-		return nil
-	default:
-	}
-	if err := vm.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("qemu: stop: %w", err)
-	}
-	select {
-	case <-vm.done:
-		return nil
-	case <-time.After(vm.grace):
-	}
-	if err := vm.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("qemu: kill: %w", err)
-	}
-	<-vm.done
-	return nil
+	return proc.Stop(vm.cmd, vm.done, vm.grace, "qemu")
 }
 
 // QMP runs one command on the VM's QMP socket (see QMPExecute).
@@ -247,29 +230,4 @@ func (vm *VM) Status(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("qemu: qmp query-status: answer %s", b)
 	}
 	return st.Status, nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-var _ io.Writer = (*tailBuffer)(nil)
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) Bytes() []byte {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return bytes.Clone(t.b)
 }
