@@ -55,21 +55,56 @@ func (l Label) Combine(o Label) Label {
 }
 
 // Glob is a compiled glob: doublestar syntax for paths ("**" spans
-// directories), plain '*' for hosts and operations.
+// directories), plain '*' for hosts and operations. Build it with
+// NewGlob, which classifies the pattern once; a Glob literal with only
+// Pattern set still works (classified on every match).
 type Glob struct {
 	Pattern string
+	shape   globShape // 0: not classified
+}
+
+type globShape uint8
+
+const (
+	globUnclassified globShape = iota
+	globLiteral                // no metacharacter: equality
+	globPrefix                 // "prefix*": '*' does not cross '/'
+	globSuffix                 // "*suffix"
+	globGeneral                // anything else: doublestar
+)
+
+// NewGlob returns the glob of pattern, classified for fast matching.
+func NewGlob(pattern string) Glob {
+	return Glob{Pattern: pattern, shape: classifyGlob(pattern)}
+}
+
+func classifyGlob(p string) globShape {
+	switch i := strings.IndexAny(p, "*?[{\\"); {
+	case i < 0:
+		return globLiteral
+	case i == len(p)-1 && p[i] == '*' && !strings.ContainsAny(p, "]}"):
+		return globPrefix
+	case i == 0 && p[0] == '*' && len(p) > 1 && !strings.ContainsAny(p[1:], "*?[]{}\\"):
+		return globSuffix
+	}
+	return globGeneral
 }
 
 // Match reports whether s matches the glob. The common shapes (a literal,
 // "prefix*", "*suffix") are matched directly; the rest by doublestar.
 func (g Glob) Match(s string) bool {
 	p := g.Pattern
-	switch i := strings.IndexAny(p, "*?[{\\"); {
-	case i < 0:
+	shape := g.shape
+	if shape == globUnclassified {
+		shape = classifyGlob(p)
+	}
+	switch shape {
+	case globLiteral:
 		return s == p
-	case i == len(p)-1 && p[i] == '*' && !strings.ContainsAny(p, "]}"): // "prefix*": '*' does not cross '/'
+	case globPrefix:
+		i := len(p) - 1
 		return strings.HasPrefix(s, p[:i]) && strings.IndexByte(s[i:], '/') < 0
-	case i == 0 && p[0] == '*' && len(p) > 1 && !strings.ContainsAny(p[1:], "*?[]{}\\"): // "*suffix"
+	case globSuffix:
 		return strings.HasSuffix(s, p[1:]) && strings.IndexByte(s[:len(s)-len(p)+1], '/') < 0
 	}
 	ok, _ := doublestar.Match(p, s)

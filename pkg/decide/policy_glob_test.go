@@ -34,5 +34,8 @@ func FuzzGlobFastPaths(f *testing.F) {
 		if got := (Glob{Pattern: p}).Match(s); got != want {
 			t.Fatalf("Glob(%q).Match(%q) = %v, doublestar says %v", p, s, got, want)
 		}
+		if got := NewGlob(p).Match(s); got != want {
+			t.Fatalf("NewGlob(%q).Match(%q) = %v, doublestar says %v", p, s, got, want)
+		}
 	})
 }

@@ -698,7 +698,7 @@ func (p *policyParser) glob(n *yaml.Node, path, what, s string) (Glob, bool) {
 		p.errAt(n, path, "%q is not a valid glob (an unclosed [ or {, or a trailing \\)", clipForMsg(s))
 		return Glob{}, false
 	}
-	return Glob{Pattern: s}, true
+	return NewGlob(s), true
 }
 
 // pathGlob reads a file path glob, relative to the working directory.

@@ -17,7 +17,7 @@ import (
 )
 
 // policyCmp compares compiled policies; netip.Prefix is compared by value.
-var policyCmp = []cmp.Option{cmpopts.EquateComparable(netip.Prefix{}), cmpopts.EquateEmpty()}
+var policyCmp = []cmp.Option{cmpopts.EquateComparable(netip.Prefix{}), cmpopts.EquateEmpty(), cmpopts.IgnoreUnexported(decide.Glob{})}
 
 func policyGlobs(ps ...string) []decide.Glob {
 	var out []decide.Glob
