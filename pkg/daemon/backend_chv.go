@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,7 +91,10 @@ func (c *chvVM) connect(ctx context.Context) (*ctrl.Conn, error) {
 func (c *chvVM) pause(ctx context.Context) error { return c.vm.API.Pause(ctx) }
 
 // stop is PUT vm.shutdown (the guest stops at once; the VMM stays up),
-// then the VMM's own stop: PUT vmm.shutdown, SIGTERM, SIGKILL.
+// then the VMM's own stop: PUT vmm.shutdown, SIGTERM, SIGKILL. A VM that
+// is already down is not an error: vm.shutdown then answers 500 "VM is
+// not running" (ErrWrongState), or nothing answers because the VMM is
+// exiting; what stop reports is whether the VMM could be ended.
 func (c *chvVM) stop() error {
 	c.stopMu.Lock()
 	defer c.stopMu.Unlock()
@@ -102,14 +104,13 @@ func (c *chvVM) stop() error {
 	default:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	serr := c.vm.API.Shutdown(ctx)
+	// Its error is of no consequence: vmm.shutdown shuts the VM down
+	// too (Vmm::vmm_shutdown deletes it), and SIGTERM and SIGKILL follow.
+	_ = c.vm.API.Shutdown(ctx)
 	cancel()
-	if errors.Is(serr, chv.ErrWrongState) || errors.Is(serr, chv.ErrNotCreated) {
-		serr = nil // already shut down, or never booted: the VMM still goes
-	}
 	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return errors.Join(serr, c.vm.Stop(ctx))
+	return c.vm.Stop(ctx)
 }
 
 func (c *chvVM) done() <-chan struct{} { return c.vm.Done() }

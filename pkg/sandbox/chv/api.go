@@ -12,17 +12,23 @@ import (
 	"strings"
 )
 
-// Errors of the REST API, from the status codes its OpenAPI document
-// gives each endpoint.
+// Errors of the REST API. Cloud Hypervisor's handlers answer with fewer
+// codes than its OpenAPI document lists (vmm/src/api/http/mod.rs,
+// api_error_status_code and EndpointHandler::handle_request): a request
+// the VMM refuses is a 500 whose body names the reason, "VM is not
+// created" is a 404 only from v53 (a 500 before), and no handler ever
+// answers 405. The client classifies by code and body.
 var (
-	// ErrNotCreated is a 404: the VM is not created (or, for resume, not
-	// booted).
+	// ErrNotCreated: no VM is created (404 from v53; a 500 naming "VM is
+	// not created" before).
 	ErrNotCreated = errors.New("chv: vm not created")
-	// ErrWrongState is a 405: the VM is not in a state the action
-	// applies to (pause a VM that is not booted, resume one that is not
-	// paused, shut down one that is not started).
+	// ErrWrongState: the VM is not in a state the action applies to: a
+	// 500 whose body names it ("VM is not running" for vm.shutdown,
+	// vm.pause, vm.resume and vm.power-button once the VM is shut down;
+	// "InvalidStateTransition" for pausing a paused VM or resuming a
+	// running one).
 	ErrWrongState = errors.New("chv: vm not in a state for this action")
-	// ErrAPI is any other unexpected status.
+	// ErrAPI is any other unexpected status or response.
 	ErrAPI = errors.New("chv: api error")
 )
 
@@ -97,6 +103,7 @@ func (c *Client) do(ctx context.Context, method, endpoint string) (int, []byte, 
 		return 0, nil, fmt.Errorf("chv: %s %s: %w", method, endpoint, err)
 	}
 	if method == http.MethodGet {
+		// Not required by Cloud Hypervisor; it always answers JSON.
 		req.Header.Set("Accept", "application/json")
 	}
 	resp, err := c.hc.Do(req)
@@ -111,17 +118,35 @@ func (c *Client) do(ctx context.Context, method, endpoint string) (int, []byte, 
 	return resp.StatusCode, body, nil
 }
 
+// wrongStateMarks and notCreatedMarks are what the error bodies of the
+// releases say (VmError's messages in vmm/src/vm.rs and vmm/src/lib.rs:
+// "VM is not running", "VM is not booted" before v41, the
+// InvalidStateTransition of a state change vm.rs refuses, and "VM is not
+// created"), lowercased.
+var (
+	wrongStateMarks = []string{"vm is not running", "vm is not booted", "invalidstatetransition", "invalid vm state transition"}
+	notCreatedMarks = []string{"vm is not created"}
+)
+
 func statusError(endpoint string, status int, body []byte) error {
-	msg := strings.TrimSpace(string(bytes.ToValidUTF8(body, []byte("?"))))
-	if len(msg) > 200 {
-		msg = msg[:200] + "..."
-	}
+	msg := errorMessage(body)
 	var base error
 	switch status {
 	case http.StatusNotFound:
 		base = ErrNotCreated
-	case http.StatusMethodNotAllowed:
-		base = ErrWrongState
+	case http.StatusInternalServerError:
+		base = ErrAPI
+		low := strings.ToLower(msg)
+		for _, m := range wrongStateMarks {
+			if strings.Contains(low, m) {
+				base = ErrWrongState
+			}
+		}
+		for _, m := range notCreatedMarks {
+			if strings.Contains(low, m) {
+				base = ErrNotCreated
+			}
+		}
 	default:
 		base = ErrAPI
 	}
@@ -131,13 +156,33 @@ func statusError(endpoint string, status int, body []byte) error {
 	return fmt.Errorf("%w: %s: status %d: %s", base, endpoint, status, msg)
 }
 
-// action PUTs an endpoint that takes no body and answers 204.
+// errorMessage is an error body as one line: v48 and later send a JSON
+// array of the error chain's messages (error_response in
+// vmm/src/api/http/mod.rs), which is joined with ": "; earlier releases
+// send the message as text.
+func errorMessage(body []byte) string {
+	body = bytes.TrimSpace(body)
+	var chain []string
+	if json.Unmarshal(body, &chain) == nil && len(chain) > 0 {
+		body = []byte(strings.Join(chain, ": "))
+	}
+	msg := strings.TrimSpace(string(bytes.ToValidUTF8(body, []byte("?"))))
+	if len(msg) > 300 {
+		msg = msg[:300] + "..."
+	}
+	return msg
+}
+
+// action PUTs an endpoint that takes no body. Success is 204 for the vm.*
+// actions and 200 for vmm.shutdown (VmmShutdown::handle_request in
+// vmm/src/api/http/http_endpoint.rs answers 200 in every release, where
+// the OpenAPI document says 204); either is accepted for each.
 func (c *Client) action(ctx context.Context, endpoint string) error {
 	status, body, err := c.do(ctx, http.MethodPut, endpoint)
 	if err != nil {
 		return err
 	}
-	if status != http.StatusNoContent {
+	if status != http.StatusNoContent && status != http.StatusOK {
 		return statusError(endpoint, status, body)
 	}
 	return nil
@@ -170,7 +215,10 @@ func (c *Client) Ping(ctx context.Context) (*PingResponse, error) {
 	return &p, nil
 }
 
-// Info is GET /vm.info (200; 404 when the VM is not created).
+// Info is GET /vm.info (200; ErrNotCreated when no VM is created). After
+// vm.shutdown the state is Created: the VMM drops the VM and keeps its
+// config (Vmm::vm_info in vmm/src/lib.rs), so Shutdown is never seen
+// through the API.
 func (c *Client) Info(ctx context.Context) (*VMInfo, error) {
 	var v VMInfo
 	if err := c.getJSON(ctx, "vm.info", &v); err != nil {
@@ -182,20 +230,24 @@ func (c *Client) Info(ctx context.Context) (*VMInfo, error) {
 	return &v, nil
 }
 
-// Pause is PUT /vm.pause (204; 404 not created; 405 not booted).
+// Pause is PUT /vm.pause (204; ErrWrongState when the VM is not running
+// or already paused).
 func (c *Client) Pause(ctx context.Context) error { return c.action(ctx, "vm.pause") }
 
-// Resume is PUT /vm.resume (204; 404 not booted; 405 not paused).
+// Resume is PUT /vm.resume (204; ErrWrongState when the VM is not
+// paused).
 func (c *Client) Resume(ctx context.Context) error { return c.action(ctx, "vm.resume") }
 
-// Shutdown is PUT /vm.shutdown: the VM stops at once, as a power cut (204;
-// 404 not created; 405 not started).
+// Shutdown is PUT /vm.shutdown: the VM stops at once, as a power cut
+// (204; ErrWrongState when no VM is running, e.g. already shut down). The
+// VMM process stays up.
 func (c *Client) Shutdown(ctx context.Context) error { return c.action(ctx, "vm.shutdown") }
 
 // PowerButton is PUT /vm.power-button: an ACPI power button press the
-// guest may act on (204; 404; 405).
+// guest may act on (204; ErrWrongState when no VM is running).
 func (c *Client) PowerButton(ctx context.Context) error { return c.action(ctx, "vm.power-button") }
 
-// ShutdownVMM is PUT /vmm.shutdown: the cloud-hypervisor process exits
-// (204).
+// ShutdownVMM is PUT /vmm.shutdown: the VM is shut down and deleted and
+// the cloud-hypervisor process exits (200 in the code, 204 in the
+// OpenAPI document: both are accepted).
 func (c *Client) ShutdownVMM(ctx context.Context) error { return c.action(ctx, "vmm.shutdown") }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -142,26 +143,27 @@ func TestClientAgainstFake(t *testing.T) {
 	ctx := context.Background()
 
 	p, err := c.Ping(ctx)
-	if err != nil || p.Version != "48.0.0" || p.PID != int64(os.Getpid()) {
+	if err != nil || p.Version != "53.0.0" || p.PID != int64(os.Getpid()) {
 		t.Fatalf("ping: %+v %v", p, err)
 	}
-	state := func(want VMState) {
+	state := func(want VMState, tree bool) {
 		t.Helper()
 		info, err := c.Info(ctx)
 		if err != nil {
 			t.Fatalf("info: %v", err)
 		}
-		if info.State != want || info.MemoryActualSize != 536870912 || info.DeviceTree["_fs0"].PCIBDF != "0000:00:03.0" {
-			t.Fatalf("info %+v, want state %s", info, want)
+		if info.State != want || info.MemoryActualSize != 536870912 || (info.DeviceTree["_fs0"].PCIBDF == "0000:00:03.0") != tree {
+			t.Fatalf("info %+v, want state %s (device tree %v)", info, want, tree)
 		}
 	}
-	state(StateRunning)
+	state(StateRunning, true)
 	if err := c.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	state(StatePaused)
-	if err := c.Pause(ctx); !errors.Is(err, ErrWrongState) || !strings.Contains(err.Error(), "VM is Paused") {
-		t.Fatalf("pause a paused VM: %v, want ErrWrongState with the body", err)
+	state(StatePaused, true)
+	if err := c.Pause(ctx); !errors.Is(err, ErrWrongState) || !strings.Contains(err.Error(), "status 500: Error from API: ") ||
+		!strings.Contains(err.Error(), "InvalidStateTransition(Paused, Paused)") {
+		t.Fatalf("pause a paused VM: %v, want ErrWrongState with the error chain", err)
 	}
 	if err := c.Resume(ctx); err != nil {
 		t.Fatal(err)
@@ -172,9 +174,12 @@ func TestClientAgainstFake(t *testing.T) {
 	if err := c.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	state(StateShutdown)
-	if err := c.PowerButton(ctx); !errors.Is(err, ErrWrongState) {
-		t.Fatalf("power button on a shut down VM: %v", err)
+	// The VM is dropped and its config kept: Created, no device tree.
+	state(StateCreated, false)
+	for name, f := range map[string]func(context.Context) error{"shutdown": c.Shutdown, "power button": c.PowerButton, "pause": c.Pause, "resume": c.Resume} {
+		if err := f(ctx); !errors.Is(err, ErrWrongState) || !strings.Contains(err.Error(), "VM is not running") {
+			t.Errorf("%s on a shut down VM: %v, want ErrWrongState", name, err)
+		}
 	}
 	if err := c.ShutdownVMM(ctx); err != nil {
 		t.Fatal(err)
@@ -190,10 +195,17 @@ func TestClientAgainstFake(t *testing.T) {
 		"PUT /api/v1/vm.resume",
 		"PUT /api/v1/vm.shutdown",
 		"GET /api/v1/vm.info",
+		"PUT /api/v1/vm.pause",
 		"PUT /api/v1/vm.power-button",
+		"PUT /api/v1/vm.resume",
+		"PUT /api/v1/vm.shutdown",
 		"PUT /api/v1/vmm.shutdown",
 	}
-	if diff := cmp.Diff(want, api.Requests()); diff != "" {
+	got := api.Requests()
+	// The four refused actions ran in map order: compare them as a set.
+	sortRange(got, 9, 13)
+	sortRange(want, 9, 13)
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("requests (-want +got):\n%s", diff)
 	}
 	if v := api.Violations(); len(v) > 0 {
@@ -201,49 +213,84 @@ func TestClientAgainstFake(t *testing.T) {
 	}
 }
 
+func sortRange(s []string, i, j int) { sort.Strings(s[i:j]) }
+
 func TestClientNotCreated(t *testing.T) {
-	c := serveFake(t, chvtest.NewAPI(false))
 	ctx := context.Background()
-	if _, err := c.Info(ctx); !errors.Is(err, ErrNotCreated) {
-		t.Errorf("info: %v", err)
-	}
-	for name, f := range map[string]func(context.Context) error{"pause": c.Pause, "resume": c.Resume, "shutdown": c.Shutdown} {
-		if err := f(ctx); !errors.Is(err, ErrNotCreated) {
-			t.Errorf("%s: %v", name, err)
+	for _, version := range []int{52, 53} {
+		api := chvtest.NewAPI(false)
+		api.Version = version
+		c := serveFake(t, api)
+		// vm.info: 404 from v53, a 500 naming "VM is not created" before.
+		if _, err := c.Info(ctx); !errors.Is(err, ErrNotCreated) {
+			t.Errorf("v%d: info: %v", version, err)
+		}
+		// No VM runs: the actions are refused as "not running" (500) in
+		// every release.
+		for name, f := range map[string]func(context.Context) error{"pause": c.Pause, "resume": c.Resume, "shutdown": c.Shutdown} {
+			if err := f(ctx); !errors.Is(err, ErrWrongState) {
+				t.Errorf("v%d: %s: %v", version, name, err)
+			}
+		}
+		if err := c.ShutdownVMM(ctx); err != nil {
+			t.Errorf("v%d: vmm.shutdown: %v", version, err)
 		}
 	}
 }
 
-func TestFakeRejectsContractBreaches(t *testing.T) {
-	// The fake is strict: the same requests with a wrong method, a body,
-	// an unknown endpoint are refused and recorded.
+// TestFakeAnswersAsCloudHypervisor: requests carbd must never send are
+// recorded as violations and answered with the codes Cloud Hypervisor's
+// code gives them, which a client keyed to the OpenAPI document (or to
+// an older fake) would misread.
+func TestFakeAnswersAsCloudHypervisor(t *testing.T) {
 	api := chvtest.NewAPI(true)
 	c := serveFake(t, api)
-	do := func(method, path, body string) int {
+	do := func(method, path, body string, hdr map[string]string) (int, string) {
 		req, _ := http.NewRequest(method, "http://localhost"+path, strings.NewReader(body))
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
 		resp, err := c.hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
-		return resp.StatusCode
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
 	}
-	for _, r := range [][3]string{
-		{"GET", "/api/v1/vm.pause", ""},
-		{"PUT", "/api/v1/vm.pause", `{"x":1}`},
-		{"POST", "/api/v1/vm.resume", ""},
-		{"PUT", "/api/v1/vm.boom", ""},
-		{"GET", "/api/v2/vmm.ping", ""},
+	for _, r := range []struct {
+		method, path, body string
+		status             int
+		answer             string
+	}{
+		{"GET", "/api/v1/vm.pause", "", 400, `["Bad Request"]`},
+		{"PUT", "/api/v1/vm.pause", `{"x":1}`, 400, `["Bad Request"]`},
+		{"POST", "/api/v1/vm.resume", "", 400, ""},
+		{"PUT", "/api/v1/vm.boom", "", 404, `["Not Found"]`},
+		{"GET", "/api/v2/vmm.ping", "", 404, `["Not Found"]`},
+		{"PUT", "/api/v1/vm.reboot", "", 400, `["Bad Request"]`},
 	} {
-		if got := do(r[0], r[1], r[2]); got != http.StatusBadRequest {
-			t.Errorf("%s %s: status %d, want 400", r[0], r[1], got)
+		if got, answer := do(r.method, r.path, r.body, nil); got != r.status || answer != r.answer {
+			t.Errorf("%s %s: %d %q, want %d %q", r.method, r.path, got, answer, r.status, r.answer)
 		}
 	}
-	if v := api.Violations(); len(v) != 5 {
+	if v := api.Violations(); len(v) != 6 {
 		t.Errorf("violations %q", v)
 	}
 	if st := api.State(); st != chvtest.StateRunning {
 		t.Errorf("a refused request changed the state to %s", st)
+	}
+	// No header is required: a GET without Accept and with another Host
+	// is served.
+	if got, answer := do("GET", "/api/v1/vm.info", "", map[string]string{"Accept": "", "Host": "chv"}); got != 200 || !strings.Contains(answer, `"state":"Running"`) {
+		t.Errorf("vm.info without Accept: %d %s", got, answer)
+	}
+	// vmm.shutdown answers 200 (the OpenAPI document says 204).
+	if got, _ := do("PUT", "/api/v1/vmm.shutdown", "", nil); got != http.StatusOK {
+		t.Errorf("vmm.shutdown: %d, want 200", got)
+	}
+	if v := api.Violations(); len(v) != 6 {
+		t.Errorf("violations %q", v)
 	}
 }
 
@@ -265,7 +312,7 @@ func TestClientUnexpectedStatus(t *testing.T) {
 	c := NewClient(sock)
 	defer c.Close()
 	if err := c.Pause(context.Background()); !errors.Is(err, ErrAPI) || !strings.Contains(err.Error(), "internal failure") {
-		t.Errorf("500: %v", err)
+		t.Errorf("500 without a state message: %v", err)
 	}
 	if _, err := c.Ping(context.Background()); !errors.Is(err, ErrAPI) {
 		t.Errorf("ping without version: %v", err)
@@ -382,7 +429,7 @@ func TestStartAgainstFakeBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { vm.Kill() })
-	if vm.Version != "48.0.0" {
+	if vm.Version != "53.0.0" {
 		t.Errorf("version %q", vm.Version)
 	}
 	if err := vm.API.Pause(ctx); err != nil {
@@ -453,5 +500,54 @@ func TestStartReportsExit(t *testing.T) {
 	_, err := Start(context.Background(), cfg)
 	if err == nil || !strings.Contains(err.Error(), `unknown argument "--bogus"`) {
 		t.Fatalf("Start: %v, want the VMM's message", err)
+	}
+}
+
+// TestClientStatusCodes: how the client reads each answer real releases
+// give (the codes of vmm/src/api/http, the bodies of v40's text and
+// v48's JSON error chain).
+func TestClientStatusCodes(t *testing.T) {
+	var status int
+	var body string
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	c := NewClient(sock)
+	defer c.Close()
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   error // nil: success
+	}{
+		{204, "", nil},
+		{200, "", nil}, // vmm.shutdown's real answer
+		{500, `["Error from API","The VM could not shutdown","VM is not running"]`, ErrWrongState},
+		{500, "VM is not running", ErrWrongState}, // before v48: text
+		{500, "VM is not booted", ErrWrongState},  // before v41
+		{500, `["Error from API","The VM could not be paused","Cannot pause VM","Failed to pause migratable component","Invalid transition: InvalidStateTransition(Paused, Paused)"]`, ErrWrongState},
+		{500, `["Error from API","The VM info is not available","VM is not created"]`, ErrNotCreated}, // before v53
+		{404, `["Error from API","The VM info is not available","VM is not created"]`, ErrNotCreated}, // v53
+		{500, `["Error from API","The VM could not shutdown","Error shutting down VM"]`, ErrAPI},
+		{405, "", ErrAPI}, // never sent by Cloud Hypervisor: not read as a state
+		{400, `["Bad Request"]`, ErrAPI},
+	} {
+		status, body = tc.status, tc.body
+		err := c.Shutdown(context.Background())
+		if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("%d %s: %v, want %v", tc.status, tc.body, err, tc.want)
+		}
+		for _, other := range []error{ErrWrongState, ErrNotCreated, ErrAPI} {
+			if other != tc.want && errors.Is(err, other) {
+				t.Errorf("%d %s: %v is also %v", tc.status, tc.body, err, other)
+			}
+		}
 	}
 }

@@ -16,8 +16,12 @@
 //     --console off.
 //   - Client: the REST API over the Unix socket (HTTP/1.1): GET
 //     vmm.ping and vm.info (200 with JSON), PUT vm.pause, vm.resume,
-//     vm.shutdown, vm.power-button and vmm.shutdown (204, no body); 404
-//     maps to ErrNotCreated, 405 to ErrWrongState.
+//     vm.shutdown, vm.power-button (204, no body) and vmm.shutdown (200
+//     in the code, 204 in the OpenAPI document: both accepted). Errors
+//     are read as the code answers them: a 500 whose body says "VM is
+//     not running" or names an InvalidStateTransition is ErrWrongState,
+//     "VM is not created" is ErrNotCreated (a 404 from v53, a 500
+//     before); Cloud Hypervisor never answers 405.
 //   - DialVsock: a host-initiated connection to a guest vsock port
 //     through the hybrid vsock socket ("CONNECT <port>\n", answered by
 //     "OK <hostport>\n"); the guest helper listens on that port
@@ -33,12 +37,12 @@
 // # Tests
 //
 // Cloud Hypervisor cannot be installed here, so the tests run against a
-// fake that implements the documented contract strictly (package
-// chvtest, shared with the daemon's cloud-hypervisor backend tests): an
-// HTTP server
-// on a Unix socket that accepts only the documented endpoints with their
-// methods and empty bodies and answers with the documented codes and
-// schemas (every request is recorded and compared), a hybrid vsock
+// fake modelled on its code, v53 (package chvtest, shared with the
+// daemon's cloud-hypervisor backend tests; docs/vm.md lists the sources):
+// an HTTP server on a Unix socket that answers with the codes, error
+// bodies and states the VMM's code gives (not only its OpenAPI
+// document), and records as violations the requests carbd must not send
+// (another endpoint, a wrong method, a body), a hybrid vsock
 // endpoint that reads the CONNECT line exactly, and, for Start, the test
 // binary re-executed as a fake cloud-hypervisor that parses the command
 // line with the documented option syntax and runs the control protocol

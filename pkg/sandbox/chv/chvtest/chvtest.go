@@ -70,7 +70,11 @@ const (
 	StatePaused   = "Paused"
 )
 
-// endpoints maps each endpoint the fake serves to its method.
+// endpoints maps each endpoint carbd may call to its method; the VMM's
+// other routes (HTTP_ROUTES in vmm/src/api/http/mod.rs: vm.boot,
+// vm.create, vm.add-*, ...) exist in Cloud Hypervisor but carbd never
+// calls them, so a call to one is recorded as a violation (and answered
+// as the real VMM would for the request without a body: 400).
 var endpoints = map[string]string{
 	"vmm.ping":        http.MethodGet,
 	"vmm.shutdown":    http.MethodPut,
@@ -81,12 +85,49 @@ var endpoints = map[string]string{
 	"vm.power-button": http.MethodPut,
 }
 
-// API is the REST API. It records each request as "METHOD path" and
-// every breach of the contract. Safe for concurrent use.
+// otherRoutes are Cloud Hypervisor's routes carbd does not use (they
+// exist: 400 rather than 404 for a request carbd should not send).
+var otherRoutes = map[string]bool{
+	"vm.add-device": true, "vm.add-user-device": true, "vm.add-disk": true, "vm.add-fs": true,
+	"vm.add-generic-vhost-user": true, "vm.add-net": true, "vm.add-pmem": true, "vm.add-vdpa": true,
+	"vm.add-vsock": true, "vm.boot": true, "vm.counters": true, "vm.create": true, "vm.delete": true,
+	"vm.reboot": true, "vm.receive-migration": true, "vm.remove-device": true, "vm.resize": true,
+	"vm.resize-disk": true, "vm.resize-zone": true, "vm.restore": true, "vm.send-migration": true,
+	"vm.snapshot": true, "vm.nmi": true,
+}
+
+// DefaultVersion is the Cloud Hypervisor release the fake models.
+const DefaultVersion = 53
+
+// API is the REST API as Cloud Hypervisor's code answers it (not only as
+// its OpenAPI document says; docs/vm.md lists the sources):
+//
+//   - routes: an unknown path is 404 ["Not Found"]; a method a route
+//     does not take, or a body where it takes none, is 400;
+//   - vmm.ping 200 with JSON; vmm.shutdown 200 (the document says 204),
+//     after which the VM is deleted and the process exits;
+//   - vm.pause, vm.resume, vm.shutdown, vm.power-button 204; refused
+//     actions are 500 with the error chain as a JSON array of strings
+//     (v48 on): "VM is not running" once no VM runs,
+//     "InvalidStateTransition(Paused, Paused)" for pausing a paused VM
+//     and "(Running, Running)" for resuming a running one;
+//   - vm.info 200; with no VM created 404 from v53, 500 before; after
+//     vm.shutdown the state is Created (the VM is dropped, its config
+//     kept) and there is no device tree.
+//
+// Nothing is required of the headers (micro_http reads the request line,
+// Content-Length and Transfer-Encoding). Requests carbd should never send
+// (another endpoint, a wrong method, a body) are recorded as violations,
+// and answered as Cloud Hypervisor answers them. Safe for concurrent use.
 type API struct {
+	// Version is the release modelled (default DefaultVersion): it
+	// decides the code of "not created" (404 from 53, 500 before).
+	Version int
+
 	mu         sync.Mutex
-	created    bool
-	state      string
+	created    bool // a VM config exists
+	running    bool // a VM exists (booted): Running or Paused
+	paused     bool
 	requests   []string
 	violations []string
 	// OnRequest, when set, sees each request line as it is recorded.
@@ -98,16 +139,18 @@ type API struct {
 	OnVMMShutdown func()
 	// OnStateChange, when set, sees each new state.
 	OnStateChange func(state string)
+	// OnEvent, when set, sees the event-monitor events the requests
+	// cause (source, event), in order, with the lock held.
+	OnEvent func(source, event string)
+	// OnPowerButton, when set, runs (in its own goroutine) after a
+	// vm.power-button press on a running VM is answered.
+	OnPowerButton func()
 }
 
 // NewAPI returns the API of a VMM whose VM is created and running, or
-// of one with no VM (created false: vm.* answer 404).
+// of one with no VM (created false).
 func NewAPI(created bool) *API {
-	a := &API{created: created, state: StateRunning}
-	if !created {
-		a.state = ""
-	}
-	return a
+	return &API{created: created, running: created}
 }
 
 // Requests returns the requests so far.
@@ -124,27 +167,92 @@ func (a *API) Violations() []string {
 	return append([]string(nil), a.violations...)
 }
 
-// State is the VM's state.
+// State is the VM's state as vm.info reports it ("" with no VM).
 func (a *API) State() string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.state
+	return a.state()
 }
 
-func (a *API) violate(w http.ResponseWriter, format string, args ...any) {
+func (a *API) state() string {
+	switch {
+	case !a.created:
+		return ""
+	case !a.running:
+		return StateCreated
+	case a.paused:
+		return StatePaused
+	}
+	return StateRunning
+}
+
+func (a *API) violate(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	a.violations = append(a.violations, msg)
 	if a.OnViolation != nil {
 		a.OnViolation(msg)
 	}
-	http.Error(w, msg, http.StatusBadRequest)
 }
 
-func (a *API) setState(s string) {
-	a.state = s
-	if a.OnStateChange != nil {
-		a.OnStateChange(s)
+func (a *API) event(source, ev string) {
+	if a.OnEvent != nil {
+		a.OnEvent(source, ev)
 	}
+}
+
+func (a *API) changed() {
+	if a.OnStateChange != nil {
+		a.OnStateChange(a.state())
+	}
+}
+
+// GuestReset models a guest reset (a kernel panic under panic=-1, a
+// reboot): Vmm::vm_reboot shuts the VM down and boots a new one from the
+// same config, with the events "vm rebooting" and "vm rebooted". It
+// reports whether a VM was there to reset.
+func (a *API) GuestReset() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.running {
+		return false
+	}
+	a.event("vm", "rebooting")
+	a.paused = false
+	a.event("vm", "rebooted")
+	a.changed()
+	return true
+}
+
+// GuestPowerOff models the guest powering off: the VMM shuts the VM
+// down and exits (Vmm::vmm_shutdown: "vm shutdown", "vm deleted", "vmm
+// shutdown").
+func (a *API) GuestPowerOff() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.deleteVM()
+}
+
+// deleteVM is Vmm::vmm_shutdown's vm_delete with its events.
+func (a *API) deleteVM() {
+	if a.running {
+		a.running, a.paused = false, false
+		a.event("vm", "shutdown")
+	}
+	if a.created {
+		a.created = false
+		a.event("vm", "deleted")
+	}
+	a.event("vmm", "shutdown")
+	a.changed()
+}
+
+// apiError writes Cloud Hypervisor's error response: the status and the
+// error chain's messages as a JSON array (error_response).
+func apiError(w http.ResponseWriter, status int, chain ...string) {
+	b, _ := json.Marshal(chain)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(b)
 }
 
 // ServeHTTP serves one request.
@@ -156,73 +264,125 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if a.OnRequest != nil {
 		a.OnRequest(line)
 	}
-	if r.ProtoMajor != 1 || r.ProtoMinor != 1 {
-		a.violate(w, "protocol %s, want HTTP/1.1", r.Proto)
-		return
-	}
-	if r.Host != "localhost" {
-		a.violate(w, "host %q, want localhost", r.Host)
+	w.Header().Set("Server", "Cloud Hypervisor API")
+	if r.ProtoMajor != 1 {
+		a.violate("protocol %s: micro_http speaks HTTP/1.0 and 1.1", r.Proto)
+		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
 	ep, ok := strings.CutPrefix(r.URL.Path, APIPrefix)
 	method, known := endpoints[ep]
-	if !ok || !known || r.URL.RawQuery != "" {
-		a.violate(w, "unknown endpoint %s", r.URL.RequestURI())
+	if !ok || (!known && !otherRoutes[ep]) {
+		a.violate("unknown endpoint %s", r.URL.Path)
+		apiError(w, http.StatusNotFound, "Not Found")
+		return
+	}
+	if !known {
+		a.violate("%s %s: an endpoint carbd does not use", r.Method, ep)
+		apiError(w, http.StatusBadRequest, "Bad Request")
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodPut {
+		a.violate("%s %s, want %s", r.Method, ep, method)
+		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
 	if r.Method != method {
-		a.violate(w, "%s %s, want %s", r.Method, ep, method)
+		a.violate("%s %s, want %s", r.Method, ep, method)
+		apiError(w, http.StatusBadRequest, "Bad Request")
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
-	if len(body) != 0 || r.ContentLength > 0 || len(r.TransferEncoding) > 0 {
-		a.violate(w, "%s takes no request body", ep)
+	if len(body) != 0 {
+		a.violate("%s takes no request body", ep)
+		apiError(w, http.StatusBadRequest, "Bad Request")
 		return
 	}
-	if method == http.MethodGet && r.Header.Get("Accept") != "application/json" {
-		a.violate(w, "%s without Accept: application/json", ep)
-		return
-	}
-	act := func(allowed []string, next string) {
-		if !a.created {
-			w.WriteHeader(http.StatusNotFound)
-			return
-		}
-		for _, s := range allowed {
-			if a.state == s {
-				a.setState(next)
-				w.WriteHeader(http.StatusNoContent)
-				return
-			}
-		}
-		http.Error(w, "VM is "+a.state, http.StatusMethodNotAllowed)
+	notRunning := func(what string) {
+		apiError(w, http.StatusInternalServerError, "Error from API", what, "VM is not running")
 	}
 	switch ep {
 	case "vmm.ping":
-		writeJSON(w, map[string]any{"build_version": "v48.0-fake", "version": "48.0.0", "pid": os.Getpid(), "features": []string{"kvm"}})
+		writeJSON(w, map[string]any{"build_version": fmt.Sprintf("v%d.0-fake", a.version()), "version": fmt.Sprintf("%d.0.0", a.version()),
+			"pid": os.Getpid(), "features": []string{"kvm"}})
 	case "vmm.shutdown":
-		w.WriteHeader(http.StatusNoContent)
+		a.deleteVM()
+		w.WriteHeader(http.StatusOK)
 		if a.OnVMMShutdown != nil {
 			go a.OnVMMShutdown()
 		}
 	case "vm.info":
 		if !a.created {
-			w.WriteHeader(http.StatusNotFound)
+			status := http.StatusNotFound
+			if a.version() < 53 {
+				status = http.StatusInternalServerError
+			}
+			apiError(w, status, "Error from API", "The VM info is not available", "VM is not created")
 			return
 		}
-		writeJSON(w, map[string]any{
+		info := map[string]any{
 			"config":             map[string]any{"payload": map[string]any{"kernel": "/k"}, "memory": map[string]any{"size": 536870912, "shared": true}},
-			"state":              a.state,
+			"state":              a.state(),
 			"memory_actual_size": 536870912,
-			"device_tree":        map[string]any{"_fs0": map[string]any{"id": "_fs0", "children": []string{}, "pci_bdf": "0000:00:03.0"}},
-		})
+		}
+		if a.running {
+			info["device_tree"] = map[string]any{"_fs0": map[string]any{"id": "_fs0", "children": []string{}, "pci_bdf": "0000:00:03.0"}}
+		}
+		writeJSON(w, info)
 	case "vm.pause":
-		act([]string{StateRunning}, StatePaused)
+		switch {
+		case !a.running:
+			notRunning("The VM could not be paused")
+		case a.paused:
+			apiError(w, http.StatusInternalServerError, "Error from API", "The VM could not be paused", "Cannot pause VM",
+				"Failed to pause migratable component", "Invalid transition: InvalidStateTransition(Paused, Paused)")
+		default:
+			a.event("vm", "pausing")
+			a.paused = true
+			a.event("vm", "paused")
+			a.changed()
+			w.WriteHeader(http.StatusNoContent)
+		}
 	case "vm.resume":
-		act([]string{StatePaused}, StateRunning)
-	case "vm.shutdown", "vm.power-button":
-		act([]string{StateRunning, StatePaused}, StateShutdown)
+		switch {
+		case !a.running:
+			notRunning("The VM could not resume")
+		case !a.paused:
+			apiError(w, http.StatusInternalServerError, "Error from API", "The VM could not resume", "Cannot resume VM",
+				"Failed to resume migratable component", "Invalid transition: InvalidStateTransition(Running, Running)")
+		default:
+			a.event("vm", "resuming")
+			a.paused = false
+			a.event("vm", "resumed")
+			a.changed()
+			w.WriteHeader(http.StatusNoContent)
+		}
+	case "vm.shutdown":
+		if !a.running {
+			notRunning("The VM could not shutdown")
+			return
+		}
+		a.running, a.paused = false, false
+		a.event("vm", "shutdown")
+		a.changed()
+		w.WriteHeader(http.StatusNoContent)
+	case "vm.power-button":
+		if !a.running {
+			notRunning("Error triggering power button")
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		if a.OnPowerButton != nil && !a.paused {
+			go a.OnPowerButton()
+		}
 	}
+}
+
+func (a *API) version() int {
+	if a.Version == 0 {
+		return DefaultVersion
+	}
+	return a.Version
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
