@@ -1,0 +1,272 @@
+package intercept
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/carbd/carbd/pkg/hooks/capture"
+	"github.com/carbd/carbd/pkg/hooks/respwatch"
+)
+
+const readBufSize = 64 << 10
+
+// h1Conn is the HTTP/1.x side of one intercepted connection: one
+// goroutine reads the client's requests, decides them in order and
+// relays each released request's response before taking the next
+// (pipelined requests wait in the client's stream; the 403 of a refused
+// one therefore comes in its place).
+type h1Conn struct {
+	c   *conn
+	fr  *h1Framer
+	rw  *respTap
+	buf []byte
+	// pend holds client bytes not yet forwarded or discarded; pendSeq is
+	// the sequence number of pend[0].
+	pend    []byte
+	pendSeq uint32
+	queue   []h1Effect
+	eof     bool
+}
+
+func (c *conn) serveH1(ctx context.Context) error {
+	sg := newSegmenter(c.client, c.dst)
+	fr, err := newH1Framer(sg, c.p.cfg.MaxBodyBytes)
+	if err != nil {
+		return err
+	}
+	rw, err := newRespTap(sg)
+	if err != nil {
+		return err
+	}
+	h := &h1Conn{c: c, fr: fr, rw: rw, buf: make([]byte, readBufSize), pendSeq: fr.next}
+	for {
+		for len(h.queue) == 0 {
+			if h.eof {
+				return nil
+			}
+			if err := h.readMore(); err != nil {
+				return err
+			}
+		}
+		e := h.queue[0]
+		h.queue = h.queue[1:]
+		if e.continueHead {
+			if _, err := c.cliTLS.Write([]byte("HTTP/1.1 100 Continue\r\n\r\n")); err != nil {
+				return fmt.Errorf("intercept: write to client: %w", err)
+			}
+			continue
+		}
+		req := c.request()
+		req.Event, req.Oversized, req.Open = e.ev, e.oversized, e.open
+		v := c.p.cfg.Decider.Decide(ctx, &req)
+		if e.open {
+			if !v.Release {
+				c.cliTLS.Write(http1Refusal(v.Notice, true)) //nolint:errcheck // closing anyway
+				return nil
+			}
+			return h.tunnel(e.seq)
+		}
+		if !v.Release {
+			if err := h.consume(e.seq, e.end, nil); err != nil {
+				return err
+			}
+			if _, err := c.cliTLS.Write(http1Refusal(v.Notice, false)); err != nil {
+				return fmt.Errorf("intercept: write to client: %w", err)
+			}
+			continue
+		}
+		if err := h.consume(e.seq, e.end, h.forward); err != nil {
+			return err
+		}
+		more, err := h.relayResponse(&req)
+		if err != nil || !more {
+			return err
+		}
+	}
+}
+
+// readMore reads the client's next bytes and frames them.
+func (h *h1Conn) readMore() error {
+	n, err := h.c.cliTLS.Read(h.buf)
+	if n > 0 {
+		h.pend = append(h.pend, h.buf[:n]...)
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("intercept: read from client: %w", err)
+	}
+	h.eof = err != nil
+	effs, ferr := h.fr.feed(h.buf[:n], h.eof)
+	h.queue = append(h.queue, effs...)
+	if ferr != nil {
+		return ferr
+	}
+	return nil
+}
+
+// consume takes the client bytes [seq, end) out of pend, reading more
+// when they have not all arrived, and hands them to use (nil: they are
+// discarded).
+func (h *h1Conn) consume(seq, end uint32, use func([]byte) error) error {
+	if d := int32(seq - h.pendSeq); d > 0 { // bytes before seq belong to no effect (blank lines): drop
+		k := min(int(d), len(h.pend))
+		h.trim(k)
+	}
+	for int32(end-h.pendSeq) > 0 {
+		if len(h.pend) == 0 {
+			if h.eof {
+				return fmt.Errorf("intercept: client closed inside a request")
+			}
+			if err := h.readMore(); err != nil {
+				return err
+			}
+			continue
+		}
+		k := min(int(end-h.pendSeq), len(h.pend))
+		if use != nil {
+			if err := use(h.pend[:k]); err != nil {
+				return err
+			}
+		}
+		h.trim(k)
+	}
+	return nil
+}
+
+func (h *h1Conn) trim(k int) {
+	n := copy(h.pend, h.pend[k:])
+	h.pend = h.pend[:n]
+	h.pendSeq += uint32(k)
+}
+
+// forward writes released client bytes upstream and shows them to the
+// response tap (so responses pair with their requests).
+func (h *h1Conn) forward(b []byte) error {
+	if _, err := h.c.up.Write(b); err != nil {
+		return fmt.Errorf("intercept: write upstream: %w", err)
+	}
+	h.rw.egress(b)
+	return nil
+}
+
+// relayResponse streams upstream bytes to the client until the tap has
+// seen the whole response to the request just forwarded (1xx interim
+// responses pass through). It reports whether the connection goes on.
+func (h *h1Conn) relayResponse(req *Request) (bool, error) {
+	c := h.c
+	want := h.rw.responses + 1
+	desyncs := h.rw.t.Stats().Desyncs
+	for h.rw.responses < want {
+		n, err := c.up.Read(h.buf)
+		if n > 0 {
+			if _, werr := c.cliTLS.Write(h.buf[:n]); werr != nil {
+				return false, fmt.Errorf("intercept: write to client: %w", werr)
+			}
+			h.rw.ingress(h.buf[:n], false, c.observer(req))
+		}
+		if err != nil {
+			h.rw.ingress(nil, true, c.observer(req))
+			if errors.Is(err, io.EOF) {
+				return false, nil // the server closed: so does carbd
+			}
+			return false, fmt.Errorf("intercept: read upstream: %w", err)
+		}
+		if h.rw.t.Stats().Desyncs != desyncs {
+			// The response cannot be framed: relay it until the server
+			// closes, take no further request on this connection.
+			_, err := io.Copy(c.cliTLS, c.up)
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// tunnel relays the rest of the connection both ways as it is, from the
+// client byte seq on (a released open effect).
+func (h *h1Conn) tunnel(seq uint32) error {
+	c := h.c
+	if err := h.consume(seq, h.pendSeq+uint32(len(h.pend)), h.forward); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(c.up, c.cliTLS)
+		c.up.CloseWrite() //nolint:errcheck // best effort
+		done <- err
+	}()
+	_, err := io.Copy(c.cliTLS, c.up)
+	c.cliTLS.Close()
+	if err2 := <-done; err == nil {
+		err = err2
+	}
+	return err
+}
+
+// respTap feeds the decrypted exchange of one connection to respwatch's
+// tracker, which frames the responses (streaming: it keeps only what the
+// event needs) and builds the provenance events.
+type respTap struct {
+	t          *respwatch.Tracker
+	sg         *segmenter
+	cseq, sseq uint32
+	responses  int
+}
+
+func newRespTap(sg *segmenter) (*respTap, error) {
+	t, err := respwatch.NewTracker(respwatch.Config{MaxFlows: 1, PendingTimeout: time.Hour, FlowIdle: 24 * time.Hour})
+	if err != nil {
+		return nil, fmt.Errorf("intercept: response tracker: %w", err)
+	}
+	r := &respTap{t: t, sg: sg, cseq: 1, sseq: 1}
+	now := time.Now()
+	t.Feed(now, sg.frame(true, 0, 0, tcpSYN, nil), capture.Egress)
+	t.Feed(now, sg.frame(false, 0, 1, tcpSYN|tcpACK, nil), capture.Ingress)
+	return r, nil
+}
+
+func (r *respTap) egress(b []byte) {
+	for len(b) > 0 {
+		n := min(len(b), maxSegment)
+		r.t.Feed(time.Now(), r.sg.frame(true, r.cseq, r.sseq, tcpACK|tcpPSH, b[:n]), capture.Egress)
+		r.cseq += uint32(n)
+		b = b[n:]
+	}
+}
+
+func (r *respTap) ingress(b []byte, fin bool, emit func(ev *respwatch.Result)) {
+	for first := true; first || len(b) > 0; first = false {
+		n := min(len(b), maxSegment)
+		flags := uint8(tcpACK | tcpPSH)
+		if fin && n == len(b) {
+			flags |= tcpFIN
+		}
+		if n == 0 && !fin {
+			return
+		}
+		res := r.t.Feed(time.Now(), r.sg.frame(false, r.sseq, r.cseq, flags, b[:n]), capture.Ingress)
+		r.sseq += uint32(n)
+		b = b[n:]
+		for _, ev := range res.Events {
+			if ev.Op == respwatch.OpResponse {
+				r.responses++
+			}
+		}
+		emit(res)
+	}
+}
+
+// observer returns the function that hands a tracker result's events to
+// Config.Observe.
+func (c *conn) observer(req *Request) func(*respwatch.Result) {
+	return func(res *respwatch.Result) {
+		if c.p.cfg.Observe == nil {
+			return
+		}
+		for _, ev := range res.Events {
+			httpsURL(&ev)
+			c.p.cfg.Observe(req, ev)
+		}
+	}
+}

@@ -1,0 +1,273 @@
+package intercept
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/hooks/netparse"
+	"github.com/carbd/carbd/pkg/hooks/respwatch"
+)
+
+// maxObservedBody bounds the response body an HTTP/2 response event
+// carries (respwatch's default for HTTP/1.x).
+const maxObservedBody = 1 << 20
+
+// hopHeaders are connection-specific fields, never forwarded (RFC 9110
+// §7.6.1; HTTP/2 forbids them).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Te", "Trailer"}
+
+// serveH2 serves the client's HTTP/2 connection with x/net/http2's
+// server and sends each released stream upstream on one HTTP/2 client
+// connection: each stream is its own effect, decided before its request
+// is sent; a refused stream gets a 403 and the other streams go on.
+func (c *conn) serveH2(ctx context.Context) error {
+	tr := &http2.Transport{}
+	cc, err := tr.NewClientConn(c.up)
+	if err != nil {
+		return fmt.Errorf("intercept: upstream http/2: %w", err)
+	}
+	defer cc.Close()
+	var n atomic.Uint32
+	srv := &http2.Server{}
+	srv.ServeConn(c.cliTLS, &http2.ServeConnOpts{
+		Context:    ctx,
+		BaseConfig: &http.Server{},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			c.h2Stream(w, r, cc, n.Add(1))
+		}),
+	})
+	return nil
+}
+
+// h2Event builds the request's event with netparse's HTTP event code from
+// an HTTP/2 request, so that its fields are those of HTTP/1.x.
+func (c *conn) h2Event(r *http.Request, body []byte, oversized bool) decide.Event {
+	e := netparse.Effect{Kind: netparse.KindHTTP, Time: time.Now(), Family: 6, Proto: 6, Src: c.client, Dst: c.dst, Span: netparse.SpanBytes}
+	if c.dst.Addr().Unmap().Is4() {
+		e.Family = 4
+	}
+	target := r.RequestURI
+	h := &e.HTTP
+	h.Method, h.Target, h.Version, h.Host = []byte(r.Method), []byte(target), []byte("HTTP/2"), []byte(r.Host)
+	p, q, _ := strings.Cut(target, "?")
+	h.Path = []byte(p)
+	if strings.Contains(target, "?") {
+		h.Query = []byte(q)
+	}
+	names := make([]string, 0, len(r.Header))
+	for k := range r.Header {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		for _, v := range r.Header[k] {
+			h.Headers = append(h.Headers, netparse.Header{Name: []byte(strings.ToLower(k)), Value: []byte(v)})
+		}
+	}
+	h.Body, h.BodyLen = body, int64(len(body))
+	if r.ContentLength > 0 {
+		h.BodyLen = r.ContentLength
+	}
+	e.Content = body
+	if oversized {
+		h.Truncated = true
+		e.Opaque = netparse.ErrOversized
+	}
+	ev := e.Event()
+	if strings.HasPrefix(target, "/") {
+		httpsURL(&ev)
+	}
+	return ev
+}
+
+func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http2.ClientConn, n uint32) {
+	limit := c.p.cfg.MaxBodyBytes
+	body, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+	if err != nil {
+		http.Error(w, "carbd: reading the request body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	oversized := len(body) > limit
+	req := c.request()
+	req.Stream = n
+	req.Event = c.h2Event(r, body[:min(len(body), limit)], oversized)
+	req.Oversized = oversized
+	if r.Method == http.MethodConnect {
+		// Extended CONNECT (WebSocket over HTTP/2) is not relayed yet.
+		writeRefusal(w, "CONNECT over HTTP/2 is not intercepted")
+		return
+	}
+	v := c.p.cfg.Decider.Decide(r.Context(), &req)
+	if !v.Release {
+		writeRefusal(w, v.Notice)
+		return
+	}
+	var rd io.Reader = bytes.NewReader(body)
+	if oversized {
+		rd = io.MultiReader(bytes.NewReader(body), r.Body)
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, "https://"+r.Host+r.RequestURI, rd)
+	if err != nil {
+		http.Error(w, "carbd: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	out.Header = r.Header.Clone()
+	for _, k := range hopHeaders {
+		out.Header.Del(k)
+	}
+	out.Host = r.Host
+	out.ContentLength = r.ContentLength
+	if len(body) == 0 && !oversized {
+		out.Body, out.ContentLength = http.NoBody, 0
+	}
+	resp, err := cc.RoundTrip(out)
+	if err != nil {
+		http.Error(w, "carbd: upstream: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	for k, vv := range resp.Header {
+		w.Header()[k] = vv
+	}
+	for _, k := range hopHeaders {
+		w.Header().Del(k)
+	}
+	for k := range resp.Trailer {
+		w.Header().Add("Trailer", k)
+	}
+	w.WriteHeader(resp.StatusCode)
+	seen, wire, rerr := streamBody(w, resp.Body)
+	for k, vv := range resp.Trailer {
+		w.Header()[http.TrailerPrefix+k] = vv
+	}
+	c.observeH2(&req, resp, seen, wire, rerr)
+}
+
+// streamBody copies a response body to the client as it arrives,
+// flushing each read, and keeps its first maxObservedBody bytes.
+func streamBody(w http.ResponseWriter, body io.Reader) (seen []byte, n int64, err error) {
+	fl, _ := w.(http.Flusher)
+	buf := make([]byte, 32<<10)
+	for {
+		k, rerr := body.Read(buf)
+		if k > 0 {
+			if len(seen) < maxObservedBody {
+				seen = append(seen, buf[:min(k, maxObservedBody-len(seen))]...)
+			}
+			n += int64(k)
+			if _, werr := w.Write(buf[:k]); werr != nil {
+				return seen, n, werr
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return seen, n, nil
+		}
+		if rerr != nil {
+			return seen, n, rerr
+		}
+	}
+}
+
+// observeH2 reports an HTTP/2 response with the operation and fields
+// respwatch gives an HTTP/1.x response.
+func (c *conn) observeH2(req *Request, resp *http.Response, body []byte, wire int64, rerr error) {
+	if c.p.cfg.Observe == nil {
+		return
+	}
+	ev := decide.Event{Time: time.Now(), Ch: decide.ChanNet, Dir: decide.In, Op: respwatch.OpResponse,
+		Dest: &decide.Dest{Addr: c.dst.Addr().Unmap(), Port: c.dst.Port(), Proto: "tcp"}}
+	if req.Event.Dest != nil {
+		ev.Dest.Host = req.Event.Dest.Host
+	}
+	ev.Obj = req.Event.Obj
+	src := strings.TrimPrefix(ev.Obj, "https://")
+	if i := strings.IndexByte(src, '?'); i >= 0 {
+		src = src[:i]
+	}
+	ev.Source = "fetch:" + src
+	add := func(name, v string) {
+		ev.Fields = append(ev.Fields, decide.Field{Name: name, Role: decide.RoleControl, Value: v})
+	}
+	add(respwatch.FieldMethod, req.Event.Op[len("http:"):])
+	add(respwatch.FieldStatus, strconv.Itoa(resp.StatusCode))
+	if v := resp.Header.Get("Content-Type"); v != "" {
+		add(respwatch.FieldContentType, v)
+	}
+	enc := resp.Header.Get("Content-Encoding")
+	if enc != "" {
+		add(respwatch.FieldEncoding, enc)
+	}
+	add(respwatch.FieldBodyLen, strconv.FormatInt(wire, 10))
+	ev.Content = string(body)
+	var why error
+	switch {
+	case rerr != nil:
+		add(respwatch.FieldIncomplete, "true")
+		why = fmt.Errorf("intercept: response cut short: %w", rerr)
+	case wire > int64(len(body)):
+		why = respwatch.ErrBodyTooBig
+	case enc != "" && !strings.EqualFold(enc, "identity"):
+		why = errors.New("intercept: http/2 response bodies are not decoded")
+	}
+	if why != nil {
+		ev.Opaque = true
+		ev.Fields = append(ev.Fields,
+			decide.Field{Name: netparse.FieldOpaque, Role: decide.RoleContent},
+			decide.Field{Name: netparse.FieldOpaqueReason, Role: decide.RoleControl, Value: why.Error()})
+	}
+	c.p.cfg.Observe(req, ev)
+}
+
+func writeRefusal(w http.ResponseWriter, notice string) {
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Carbd-Verdict", "refuse")
+	body := refusalBody(notice)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusForbidden)
+	io.WriteString(w, body) //nolint:errcheck // the client may be gone
+}
+
+// refuseAll answers the client when upstream could not be reached or
+// verified: every request gets a 403 saying why, nothing goes upstream.
+func (c *conn) refuseAll(ctx context.Context) {
+	notice := c.upErr.Error()
+	if c.cliTLS.ConnectionState().NegotiatedProtocol == ProtoH2 {
+		srv := &http2.Server{}
+		srv.ServeConn(c.cliTLS, &http2.ServeConnOpts{Context: ctx, BaseConfig: &http.Server{},
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeRefusal(w, notice) })})
+		return
+	}
+	// HTTP/1.x: wait for the request head (so the 403 answers it), then
+	// answer and close.
+	sg := newSegmenter(c.client, c.dst)
+	fr, err := newH1Framer(sg, 64<<10)
+	if err != nil {
+		return
+	}
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := c.cliTLS.Read(buf)
+		effs, ferr := fr.feed(buf[:n], err != nil)
+		if len(effs) > 0 || err != nil || ferr != nil {
+			break
+		}
+	}
+	c.cliTLS.Write(http1Refusal(notice, true)) //nolint:errcheck // closing anyway
+}

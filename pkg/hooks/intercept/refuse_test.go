@@ -1,0 +1,142 @@
+package intercept
+
+import (
+	"bufio"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestUpstreamCertificateRefused: the world's certificate is not trusted
+// by the proxy: the client gets a 403 that says why, the world no
+// request.
+func TestUpstreamCertificateRefused(t *testing.T) {
+	w := newWorld(t)
+	other := newWorld(t) // its CA is the one the proxy trusts: w's is not
+	tp := newTestProxy(t, w, func(c *Config) { c.UpstreamCAFiles = []string{other.caFile} })
+	for _, h2 := range []bool{false, true} {
+		r := do(t, goClient(tp, h2), "GET", tp.url("/hello"), "")
+		if r.status != 403 || !strings.Contains(r.body, "upstream certificate of localhost") || !strings.Contains(r.body, "not trusted") {
+			t.Errorf("h2=%v: %+v", h2, r)
+		}
+	}
+	if n := len(w.received()); n != 0 {
+		t.Errorf("the world received %d requests", n)
+	}
+	if n := len(tp.dec.seen()); n != 0 {
+		t.Errorf("the decider was asked %d times", n)
+	}
+}
+
+// TestClientRejectsCA: a client that does not trust carbd's CA fails
+// its handshake; nothing reaches the world.
+func TestClientRejectsCA(t *testing.T) {
+	w := newWorld(t)
+	tp := newTestProxy(t, w, nil)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: newPoolFromFile(t, w.caFile)}}}
+	_, err := c.Get(tp.url("/hello"))
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a client without carbd's CA got: %v", err)
+	}
+	if n := len(w.received()); n != 0 {
+		t.Errorf("the world received %d requests", n)
+	}
+}
+
+// TestStreamingResponse: a response is relayed as it arrives (server-sent
+// events): the client reads the first event while the server still
+// holds the rest.
+func TestStreamingResponse(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		w := newWorld(t)
+		tp := newTestProxy(t, w, nil)
+		resp, err := goClient(tp, h2).Get(tp.url("/hold"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(resp.Body)
+		first := make(chan string, 1)
+		go func() {
+			l, _ := br.ReadString('\n')
+			first <- l
+		}()
+		select {
+		case l := <-first:
+			if l != "data: first\n" {
+				t.Fatalf("h2=%v: first line %q", h2, l)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("h2=%v: the first event did not come before the response ended: responses are buffered", h2)
+		}
+		close(w.gate)
+		rest, _ := io.ReadAll(br)
+		resp.Body.Close()
+		if !strings.Contains(string(rest), "data: second") {
+			t.Errorf("h2=%v: rest %q", h2, rest)
+		}
+	}
+}
+
+// TestOversizedBody: a body over MaxBodyBytes is decided with its start,
+// flagged Oversized; released, the whole body goes up; refused, none.
+func TestOversizedBody(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		w := newWorld(t)
+		tp := newTestProxy(t, w, func(c *Config) { c.MaxBodyBytes = 1024 })
+		big := strings.Repeat("x", 5000)
+		c := goClient(tp, h2)
+		r := do(t, c, "POST", tp.url("/big-upload"), big)
+		if r.status != 200 || !strings.Contains(r.body, "body=5000") {
+			t.Fatalf("h2=%v: oversized released: %+v", h2, r)
+		}
+		r = do(t, c, "POST", tp.url("/big-upload"), big+secret)
+		if r.status != 200 {
+			// The secret is past the limit: the decider did not see it;
+			// Oversized tells the daemon to defer such a request.
+			t.Fatalf("h2=%v: %+v", h2, r)
+		}
+		r = do(t, c, "POST", tp.url("/big-upload"), secret+big)
+		if r.status != 403 || !r.reused {
+			t.Fatalf("h2=%v: oversized refused: %+v", h2, r)
+		}
+		r = do(t, c, "GET", tp.url("/after"), "")
+		if r.status != 200 || !r.reused {
+			t.Fatalf("h2=%v: after an oversized refusal: %+v", h2, r)
+		}
+		reqs := tp.dec.seen()
+		if len(reqs) != 4 || !reqs[0].Oversized || !reqs[2].Oversized || reqs[3].Oversized || !reqs[0].Event.Opaque {
+			t.Errorf("h2=%v: Oversized flags wrong: %d requests", h2, len(reqs))
+		}
+		if got := len(w.received()); got != 3 {
+			t.Errorf("h2=%v: world received %d requests, want 3", h2, got)
+		}
+		if n := w.bytesWith(secret[:6]); n != 1 { // only the released one whose secret was past the limit
+			t.Errorf("h2=%v: %d requests with the marker reached the world, want 1", h2, n)
+		}
+	}
+}
+
+// TestNoSNI: a client that sends no server name gets a certificate for
+// the original destination's address.
+func TestNoSNI(t *testing.T) {
+	w := newWorld(t)
+	tp := newTestProxy(t, w, nil)
+	conn, err := tls.Dial("tcp", tp.addr.String(), &tls.Config{RootCAs: tp.ca.Pool(), ServerName: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if got := conn.ConnectionState().PeerCertificates[0].IPAddresses; len(got) != 1 || !got[0].Equal(net.IP(netip.MustParseAddr("127.0.0.1").AsSlice())) {
+		t.Fatalf("leaf IPs %v", got)
+	}
+	io.WriteString(conn, "GET /ip HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%v %v", resp, err)
+	}
+}
