@@ -87,9 +87,9 @@ var methodChar = func() (t [256]bool) {
 
 // skipBlankLines returns how many leading bytes are empty lines (CRLF or
 // LF) a server ignores before a request line (RFC 9112 §2.2), or -1 if
-// there are too many.
-func skipBlankLines(b []byte) int {
-	n := 0
+// there are too many. complete is false while b ends inside those empty
+// lines: more of them may follow, so the count is not final.
+func skipBlankLines(b []byte) (n int, complete bool) {
 	for i := 0; i < maxLeadBlanks; i++ {
 		switch {
 		case bytes.HasPrefix(b[n:], []byte("\r\n")):
@@ -97,19 +97,19 @@ func skipBlankLines(b []byte) int {
 		case bytes.HasPrefix(b[n:], []byte("\n")):
 			n++
 		default:
-			return n
+			return n, len(b) > n && !(len(b) == n+1 && b[n] == '\r')
 		}
 	}
 	if bytes.HasPrefix(b[n:], []byte("\n")) || bytes.HasPrefix(b[n:], []byte("\r\n")) {
-		return -1
+		return -1, true
 	}
-	return n
+	return n, len(b) > n && !(len(b) == n+1 && b[n] == '\r')
 }
 
 // httpPrefixOK reports whether b can be the start of an HTTP/1.x request
 // (b may end anywhere, even before the end of the request line).
 func httpPrefixOK(b []byte) bool {
-	lead := skipBlankLines(b)
+	lead, _ := skipBlankLines(b)
 	if lead < 0 {
 		return false
 	}
@@ -169,9 +169,16 @@ const (
 
 // reqScan follows one request as its bytes arrive, without keeping views:
 // offsets only, so the flow's buffer may move between packets.
+//
+// Every outcome is a function of a bounded prefix of the request's bytes
+// (the first MaxHeaderBytes for the head; for a chunked body, the bytes up
+// to where MaxBodyBytes of data or MaxBodyBytes+MaxHeaderBytes of wire were
+// passed), never of where the segments were cut: a check that needs more
+// bytes waits for them rather than guessing.
 type reqScan struct {
 	lead    int // empty lines before the request line
 	lineAt  int // start of the head line not complete yet
+	seen    int // bytes from lineAt already known to hold no LF
 	headLen int // 0 until the head is complete; includes lead
 	framing uint8
 	length  int64
@@ -191,52 +198,72 @@ const (
 	scanBad                        // malformed: err says why
 	scanHeadBig                    // the head exceeds MaxHeaderBytes
 	scanBodyBig                    // the body exceeds the limits; n is the request's length or -1 if unknown
-	scanHeadDone                   // head complete, body pending (only when asked to stop at the head)
+	scanHeadDone                   // head complete and Expect: 100-continue: n is the head's length, the body follows as its own effect
 )
+
+// errRequestLine marks bytes that cannot start a request; at the start of
+// a connection they are another protocol.
+var errRequestLine = fmt.Errorf("%w: request line", ErrHTTP)
+
+// prefixCheckMax is how long a partial request line may grow before
+// httpPrefixOK stops being re-run on it at every segment (it runs again
+// once the line is complete), so that a slowly sent long line costs
+// linear time.
+const prefixCheckMax = 256
 
 // advance looks at b, the request's bytes received so far (contiguous from
 // its start), and says whether the request is complete.
 func (s *reqScan) advance(b []byte, cfg *Config, req *HTTPRequest) (scanStatus, int64, error) {
 	if s.headLen == 0 && !s.bodyOnly {
+		// Only the first MaxHeaderBytes can hold the head: what follows
+		// them never changes the outcome.
+		view := b[:min(len(b), cfg.MaxHeaderBytes)]
 		if s.lineAt == 0 {
-			lead := skipBlankLines(b)
+			lead, complete := skipBlankLines(view)
 			if lead < 0 {
-				return scanBad, 0, fmt.Errorf("%w: more than %d empty lines before the request line", ErrHTTP, maxLeadBlanks)
+				return scanBad, 0, fmt.Errorf("%w: more than %d empty lines before it", errRequestLine, maxLeadBlanks)
 			}
-			s.lead, s.lineAt = lead, lead
+			if !complete {
+				return scanMore, 0, nil
+			}
+			s.lead, s.lineAt, s.seen = lead, lead, 0
 		}
 		for s.headLen == 0 {
-			j := bytes.IndexByte(b[s.lineAt:], '\n')
+			j := bytes.IndexByte(view[s.lineAt+s.seen:], '\n')
 			if j < 0 {
-				if s.lineAt == s.lead && !httpPrefixOK(b) {
-					return scanBad, 0, fmt.Errorf("%w: request line %q", ErrHTTP, clip(b[s.lead:], 64))
+				s.seen = len(view) - s.lineAt
+				final := len(b) >= cfg.MaxHeaderBytes
+				if s.lineAt == s.lead && (final || len(view)-s.lead <= prefixCheckMax) && !httpPrefixOK(view) {
+					return scanBad, 0, fmt.Errorf("%w %q", errRequestLine, clip(view[s.lead:], 64))
 				}
-				if len(b) >= cfg.MaxHeaderBytes {
+				if final {
 					return scanHeadBig, 0, nil
 				}
 				return scanMore, 0, nil
 			}
-			line := b[s.lineAt : s.lineAt+j]
-			if s.lineAt == s.lead && !httpPrefixOK(b[:s.lineAt+j+1]) {
-				return scanBad, 0, fmt.Errorf("%w: request line %q", ErrHTTP, clip(line, 64))
+			j += s.seen
+			s.seen = 0
+			line := view[s.lineAt : s.lineAt+j]
+			if s.lineAt == s.lead && !httpPrefixOK(view[:s.lineAt+j+1]) {
+				return scanBad, 0, fmt.Errorf("%w %q", errRequestLine, clip(line, 64))
 			}
 			if s.lineAt > s.lead && (len(line) == 0 || (len(line) == 1 && line[0] == '\r')) {
 				s.headLen = s.lineAt + j + 1
 				break
 			}
 			s.lineAt += j + 1
-			if s.lineAt > cfg.MaxHeaderBytes {
-				return scanHeadBig, 0, nil
-			}
-		}
-		if s.headLen > cfg.MaxHeaderBytes {
-			return scanHeadBig, 0, nil
 		}
 		req.reset()
 		if err := parseHead(b[s.lead:s.headLen], req); err != nil {
 			return scanBad, 0, err
 		}
 		s.framing, s.length, s.expect, s.tunnel = headFraming(req)
+		if s.expect {
+			// The client waits for 100 Continue before sending the body:
+			// the head is decided alone, whether or not the body came
+			// with it.
+			return scanHeadDone, int64(s.headLen), nil
+		}
 	}
 	if s.tunnel {
 		return scanDone, int64(s.headLen), nil
@@ -255,17 +282,14 @@ func (s *reqScan) advance(b []byte, cfg *Config, req *HTTPRequest) (scanStatus, 
 		}
 		return scanMore, 0, nil
 	case frameChunked:
-		end, err := s.chunk.scan(body, nil, 0)
+		end, big, err := s.chunk.scan(body, nil, cfg)
 		switch {
 		case err != nil:
 			return scanBad, 0, err
-		case end >= 0:
-			if s.chunk.decoded > int64(cfg.MaxBodyBytes) {
-				return scanBodyBig, int64(s.headLen + end), nil
-			}
-			return scanDone, int64(s.headLen + end), nil
-		case s.chunk.decoded > int64(cfg.MaxBodyBytes) || s.chunk.pos > cfg.MaxBodyBytes+cfg.MaxHeaderBytes:
+		case big:
 			return scanBodyBig, -1, nil
+		case end >= 0:
+			return scanDone, int64(s.headLen + end), nil
 		}
 		return scanMore, 0, nil
 	}
@@ -578,6 +602,7 @@ const (
 // chunkScan walks a chunked body (RFC 9112 §7.1) incrementally.
 type chunkScan struct {
 	pos       int // where scanning resumes, relative to the body start
+	seen      int // bytes from pos already known to hold no LF
 	trailerAt int // where the trailer section starts
 	state     uint8
 	remain    int64
@@ -586,21 +611,35 @@ type chunkScan struct {
 
 // scan advances over body. It returns the body's length once the last
 // chunk and the trailer section are complete, -1 if more bytes are
-// needed. With dst, it appends the decoded data, up to limit bytes.
-func (c *chunkScan) scan(body []byte, dst *[]byte, limit int) (int, error) {
+// needed. big says the body passed MaxBodyBytes of data or
+// MaxBodyBytes+MaxHeaderBytes of wire; scanning stops exactly there
+// (decoded is then MaxBodyBytes+1, or the data up to the wire bound), so
+// that the outcome does not depend on how much arrived at once. With dst,
+// it appends the decoded data, up to MaxBodyBytes.
+func (c *chunkScan) scan(body []byte, dst *[]byte, cfg *Config) (end int, big bool, err error) {
+	maxData, maxWire := int64(cfg.MaxBodyBytes), cfg.MaxBodyBytes+cfg.MaxHeaderBytes
 	for {
+		if c.decoded > maxData || c.pos > maxWire {
+			return -1, true, nil
+		}
 		switch c.state {
 		case chSize:
-			j := bytes.IndexByte(body[c.pos:], '\n')
+			j := bytes.IndexByte(body[c.pos+c.seen:], '\n')
 			if j < 0 {
-				if len(body)-c.pos > maxChunkLine {
-					return 0, fmt.Errorf("%w: chunk size line longer than %d bytes", ErrHTTP, maxChunkLine)
+				c.seen = len(body) - c.pos
+				if c.seen > maxChunkLine {
+					return 0, false, fmt.Errorf("%w: chunk size line longer than %d bytes", ErrHTTP, maxChunkLine)
 				}
-				return -1, nil
+				return -1, false, nil
+			}
+			j += c.seen
+			c.seen = 0
+			if j > maxChunkLine {
+				return 0, false, fmt.Errorf("%w: chunk size line longer than %d bytes", ErrHTTP, maxChunkLine)
 			}
 			line := body[c.pos : c.pos+j]
 			if len(line) == 0 || line[len(line)-1] != '\r' {
-				return 0, fmt.Errorf("%w: chunk size line not ended by CRLF", ErrHTTP)
+				return 0, false, fmt.Errorf("%w: chunk size line not ended by CRLF", ErrHTTP)
 			}
 			line = line[:len(line)-1]
 			var size int64
@@ -611,16 +650,16 @@ func (c *chunkScan) scan(body []byte, dst *[]byte, limit int) (int, error) {
 					break
 				}
 				if k >= 15 {
-					return 0, fmt.Errorf("%w: chunk size too long", ErrHTTP)
+					return 0, false, fmt.Errorf("%w: chunk size too long", ErrHTTP)
 				}
 				size = size<<4 | int64(v)
 			}
 			if k == 0 || k < len(line) && line[k] != ';' {
-				return 0, fmt.Errorf("%w: chunk size %q", ErrHTTP, clip(line, 32))
+				return 0, false, fmt.Errorf("%w: chunk size %q", ErrHTTP, clip(line, 32))
 			}
 			for _, ch := range line[k:] {
 				if ch < ' ' && ch != '\t' || ch == 0x7f {
-					return 0, fmt.Errorf("%w: control byte in chunk extension", ErrHTTP)
+					return 0, false, fmt.Errorf("%w: control byte in chunk extension", ErrHTTP)
 				}
 			}
 			c.pos += j + 1
@@ -631,9 +670,10 @@ func (c *chunkScan) scan(body []byte, dst *[]byte, limit int) (int, error) {
 			}
 		case chData:
 			avail := int64(len(body) - c.pos)
-			n := min(avail, c.remain)
+			// Stop at the bounds exactly, whatever arrived beyond them.
+			n := min(avail, c.remain, maxData+1-c.decoded, int64(maxWire+1-c.pos))
 			if dst != nil {
-				if room := int64(limit - len(*dst)); room > 0 {
+				if room := int64(cfg.MaxBodyBytes - len(*dst)); room > 0 {
 					*dst = append(*dst, body[c.pos:c.pos+int(min(n, room))]...)
 				}
 			}
@@ -641,33 +681,48 @@ func (c *chunkScan) scan(body []byte, dst *[]byte, limit int) (int, error) {
 			c.remain -= n
 			c.decoded += n
 			if c.remain > 0 {
-				return -1, nil
+				if c.decoded > maxData || c.pos > maxWire {
+					continue
+				}
+				return -1, false, nil
 			}
 			c.state = chDataEnd
 		case chDataEnd:
 			if len(body)-c.pos < 2 {
-				return -1, nil
+				if len(body)-c.pos == 1 && body[c.pos] != '\r' {
+					return 0, false, fmt.Errorf("%w: chunk data not followed by CRLF", ErrHTTP)
+				}
+				return -1, false, nil
 			}
 			if body[c.pos] != '\r' || body[c.pos+1] != '\n' {
-				return 0, fmt.Errorf("%w: chunk data not followed by CRLF", ErrHTTP)
+				return 0, false, fmt.Errorf("%w: chunk data not followed by CRLF", ErrHTTP)
 			}
 			c.pos += 2
 			c.state = chSize
 		case chTrailer:
-			j := bytes.IndexByte(body[c.pos:], '\n')
+			j := bytes.IndexByte(body[c.pos+c.seen:], '\n')
 			if j < 0 {
-				return -1, nil
+				c.seen = len(body) - c.pos
+				if len(body) > maxWire {
+					return -1, true, nil
+				}
+				return -1, false, nil
+			}
+			j += c.seen
+			c.seen = 0
+			if c.pos+j+1 > maxWire {
+				return -1, true, nil
 			}
 			line := body[c.pos : c.pos+j]
 			if len(line) == 0 || line[len(line)-1] != '\r' {
-				return 0, fmt.Errorf("%w: trailer line not ended by CRLF", ErrHTTP)
+				return 0, false, fmt.Errorf("%w: trailer line not ended by CRLF", ErrHTTP)
 			}
 			c.pos += j + 1
 			if len(line) == 1 {
-				return c.pos, nil
+				return c.pos, false, nil
 			}
 			if _, err := parseField(line[:len(line)-1]); err != nil {
-				return 0, err
+				return 0, false, err
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package netparse
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -52,11 +53,14 @@ type flow struct {
 	skipping         bool
 	skipFrom, skipTo uint32
 	req              reqScan
+	hello            helloScan
 	headCopy         []byte
-	fin              bool
-	finSeq           uint32
-	last, progress   time.Time
-	inTrims, dead    bool
+	// httpSeen: a request of this connection was framed.
+	httpSeen       bool
+	fin            bool
+	finSeq         uint32
+	last, progress time.Time
+	inTrims, dead  bool
 }
 
 func (f *flow) rel(seq uint32) int { return int(int32(seq - f.base)) }
@@ -486,10 +490,11 @@ func (p *Parser) step(f *flow, b []byte, atFin bool, now time.Time, res *Result)
 		case scanMore:
 			if atFin {
 				p.opaque(f, b, ErrStreamEnded, now, res)
-			} else if f.req.expect && f.req.headLen > 0 {
-				p.emitHead(f, b, now, res)
 			}
 			return false
+		case scanHeadDone:
+			p.emitHead(f, b, now, res)
+			return f.mode != modeOpen
 		case scanDone:
 			p.emitHTTP(f, b, n, false, now, res)
 			return f.mode != modeOpen
@@ -500,10 +505,16 @@ func (p *Parser) step(f *flow, b []byte, atFin bool, now time.Time, res *Result)
 			p.opaque(f, b, ErrOversized, now, res)
 			return false
 		}
+		if !f.httpSeen && errors.Is(err, errRequestLine) {
+			// The connection's first bytes looked like the start of a
+			// request and turned out not to be one: another protocol,
+			// as when all of them arrive at once.
+			err = fmt.Errorf("%w: %w", ErrOpaqueProto, err)
+		}
 		p.opaque(f, b, err, now, res)
 		return false
 	case modeTLS:
-		msg, st, err := clientHelloFromRecords(b, p.cfg.MaxHeaderBytes, &p.tlsScratch)
+		msg, st, err := f.hello.next(b, p.cfg.MaxHeaderBytes, &p.tlsScratch)
 		switch st {
 		case tlsMore:
 			if atFin {
@@ -594,7 +605,7 @@ func (p *Parser) emitHTTP(f *flow, b []byte, n int64, big bool, now time.Time, r
 		r.Truncated = s.length > int64(p.cfg.MaxBodyBytes)
 	case frameChunked:
 		var c chunkScan
-		end, _ := c.scan(body, &e.body, p.cfg.MaxBodyBytes)
+		end, _, _ := c.scan(body, &e.body, &p.cfg)
 		r.Body, r.BodyLen, r.Chunked = e.body, c.decoded, true
 		r.Truncated = big
 		if end >= 0 {
@@ -620,6 +631,7 @@ func (p *Parser) emitHTTP(f *flow, b []byte, n int64, big bool, now time.Time, r
 		f.next = e.End
 	}
 	f.req = reqScan{}
+	f.httpSeen = true
 	p.scheduleTrim(f)
 }
 
@@ -639,7 +651,8 @@ func (p *Parser) emitHead(f *flow, b []byte, now time.Time, res *Result) {
 	e.Span, e.End = SpanBytes, f.next+uint32(s.headLen)
 	f.headCopy = append(f.headCopy[:0], b[s.lead:s.headLen]...)
 	f.next = e.End
-	s.bodyOnly, s.expect, s.headLen, s.lead, s.lineAt = true, false, 0, 0, 0
+	s.bodyOnly, s.expect, s.headLen, s.lead, s.lineAt, s.seen = true, false, 0, 0, 0, 0
+	f.httpSeen = true
 	p.scheduleTrim(f)
 }
 

@@ -252,13 +252,29 @@ func looksTLS(b []byte) bool {
 // records at the start of a stream, joining handshake fragments from
 // consecutive records into scratch when needed. It returns the message.
 func clientHelloFromRecords(b []byte, limit int, scratch *[]byte) ([]byte, tlsStatus, error) {
-	var msg []byte
-	joined := false
-	for off := 0; ; {
-		if len(b)-off < 5 {
+	var s helloScan
+	return s.next(b, limit, scratch)
+}
+
+// helloScan follows the records of a stream's first handshake message as
+// they arrive: each call resumes after the records already counted, and
+// the fragments are joined once, when the message is complete, so that a
+// ClientHello sent in many small records and segments costs linear time.
+type helloScan struct {
+	off  int     // start of the first record not counted yet
+	size int     // handshake bytes in the records counted
+	hdr  [4]byte // the message's first four bytes
+	want int     // the message's length with its header, once known
+}
+
+// next looks at b, the stream from its first byte (the bytes already
+// counted unchanged), and says whether the message is complete.
+func (s *helloScan) next(b []byte, limit int, scratch *[]byte) ([]byte, tlsStatus, error) {
+	for {
+		if len(b)-s.off < 5 {
 			return nil, tlsMore, nil
 		}
-		h := b[off : off+5]
+		h := b[s.off : s.off+5]
 		if h[0] != 22 || h[1] != 3 || h[2] > 4 {
 			return nil, tlsBad, fmt.Errorf("%w: record type %d version %d.%d is not a handshake", ErrTLS, h[0], h[1], h[2])
 		}
@@ -266,40 +282,50 @@ func clientHelloFromRecords(b []byte, limit int, scratch *[]byte) ([]byte, tlsSt
 		if n == 0 || n > 1<<14 {
 			return nil, tlsBad, fmt.Errorf("%w: record length %d", ErrTLS, n)
 		}
-		if len(b)-off-5 < n {
-			if off+5+n > limit+5*16 {
-				return nil, tlsBig, nil
-			}
+		if s.off+5+n > limit+5*16 {
+			// Decided on the record header alone, so that it does not
+			// matter whether the record's bytes came with it.
+			return nil, tlsBig, nil
+		}
+		if len(b)-s.off-5 < n {
 			return nil, tlsMore, nil
 		}
-		frag := b[off+5 : off+5+n]
-		off += 5 + n
-		if msg == nil && !joined {
-			msg = frag
-		} else {
-			if !joined {
-				*scratch = append((*scratch)[:0], msg...)
-				joined = true
-			}
-			*scratch = append(*scratch, frag...)
-			msg = *scratch
+		frag := b[s.off+5 : s.off+5+n]
+		for i := 0; s.size+i < 4 && i < n; i++ {
+			s.hdr[s.size+i] = frag[i]
 		}
-		if len(msg) >= 4 {
-			if msg[0] != 1 {
-				return nil, tlsBad, fmt.Errorf("%w: first handshake message has type %d", ErrTLS, msg[0])
+		s.size += n
+		s.off += 5 + n
+		if s.size < 4 {
+			continue
+		}
+		if s.want == 0 {
+			if s.hdr[0] != 1 {
+				return nil, tlsBad, fmt.Errorf("%w: first handshake message has type %d", ErrTLS, s.hdr[0])
 			}
-			want := 4 + (int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3]))
-			if want > limit {
+			s.want = 4 + (int(s.hdr[1])<<16 | int(s.hdr[2])<<8 | int(s.hdr[3]))
+			if s.want > limit {
 				return nil, tlsBig, nil
 			}
-			if len(msg) >= want {
-				if len(msg) > want {
-					// Another handshake message in the same flight is not
-					// something a client sends before the server answers.
-					return nil, tlsBad, fmt.Errorf("%w: %d bytes after the ClientHello", ErrTLS, len(msg)-want)
-				}
-				return msg, tlsDone, nil
-			}
 		}
+		if s.size < s.want {
+			continue
+		}
+		if s.size > s.want {
+			// Another handshake message in the same flight is not
+			// something a client sends before the server answers.
+			return nil, tlsBad, fmt.Errorf("%w: %d bytes after the ClientHello", ErrTLS, s.size-s.want)
+		}
+		if s.off == 5+n {
+			return frag, tlsDone, nil // one record
+		}
+		msg := (*scratch)[:0]
+		for off := 0; off < s.off; {
+			rn := int(binary.BigEndian.Uint16(b[off+3 : off+5]))
+			msg = append(msg, b[off+5:off+5+rn]...)
+			off += 5 + rn
+		}
+		*scratch = msg
+		return msg, tlsDone, nil
 	}
 }
