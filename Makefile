@@ -9,7 +9,7 @@ APT_PKGS := clang-14 llvm-14 libbpf-dev bpftool iptables nftables iperf3 \
             iproute2 kmod ca-certificates make
 BIN      := bin/carbd
 
-.PHONY: all setup build test test-short bench demo generate check-generated fuzz clean vmimage
+.PHONY: all setup build test test-short bench demo generate check-generated fuzz fuzz-long clean vmimage
 
 all: build
 
@@ -51,13 +51,21 @@ generate:
 check-generated: generate
 	git diff --exit-code -- bpf/
 
-## fuzz: run each fuzz target for FUZZTIME (default 30s)
-FUZZTIME ?= 30s
+## fuzz: run each fuzz target for FUZZTIME (default 30s), stop at the first failure
+FUZZPARALLEL ?= 1
 fuzz:
 	@for p in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list 'Fuzz.*' $$p 2>/dev/null | grep ^Fuzz); do \
-	    echo "== $$p $$f"; $(GO) test -run=^$$ -fuzz=^$$f$$ -fuzztime=$(FUZZTIME) $$p || exit 1; \
+	  for f in $$($(GO) test -list '^Fuzz' $$p 2>/dev/null | grep ^Fuzz); do \
+	    echo "== $$p $$f"; $(GO) test -run=^$$ -fuzz=^$$f$$ -fuzztime=$(or $(FUZZTIME),30s) -parallel=$(FUZZPARALLEL) $$p || exit 1; \
 	  done; done
+
+## fuzz-long: every fuzz target for FUZZTIME (default 10m) with -parallel=FUZZPARALLEL
+##       (default 1, fits 2 cores); writes the report into FUZZREPORT
+##       (default docs/fuzzing.md, between its fuzz-report markers)
+FUZZREPORT ?= docs/fuzzing.md
+FUZZPKGS ?= ./...
+fuzz-long:
+	$(GO) run ./internal/fuzzreport -fuzztime $(or $(FUZZTIME),10m) -parallel $(FUZZPARALLEL) -o $(FUZZREPORT) $(FUZZPKGS)
 
 ## vmimage: the guest image (kernel, initramfs, vmlinux) in vmimage/out/
 vmimage:
