@@ -28,6 +28,7 @@ import (
 type world struct {
 	addr   netip.AddrPort
 	caFile string
+	keyLog bytes.Buffer // the world's TLS secrets (guarded by mu)
 	// gate releases the rest of a /hold response.
 	gate chan struct{}
 	mu   sync.Mutex
@@ -106,6 +107,23 @@ func newWorld(t testing.TB) *world {
 				return
 			}
 			io.WriteString(rw, "data: second\n\n")
+		case r.URL.Path == "/ws":
+			conn, brw, err := http.NewResponseController(rw).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+			for {
+				l, err := brw.ReadString('\n')
+				if err != nil {
+					return
+				}
+				w.mu.Lock()
+				w.log = append(w.log, worldReq{Method: "MSG", Body: []byte(l)})
+				w.mu.Unlock()
+				io.WriteString(conn, strings.ToUpper(l))
+			}
 		case r.URL.Path == "/big":
 			n, _ := strconv.Atoi(r.URL.Query().Get("n"))
 			rw.Header().Set("Content-Type", "application/octet-stream")
@@ -125,7 +143,7 @@ func newWorld(t testing.TB) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: certs, NextProtos: []string{"h2", "http/1.1"}},
+	srv := &http.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: certs, NextProtos: []string{"h2", "http/1.1"}, KeyLogWriter: lockedWriter{&w.mu, &w.keyLog}},
 		ErrorLog: log.New(io.Discard, "", 0)}
 	go srv.Serve(tls.NewListener(ln, srv.TLSConfig))
 	t.Cleanup(func() { srv.Close() })
@@ -264,4 +282,15 @@ func newPoolFromFile(t testing.TB, f string) *x509.CertPool {
 		t.Fatalf("%s: no certificate", f)
 	}
 	return p
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
