@@ -18,14 +18,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
 
-	vnetns "github.com/vishvananda/netns"
-
 	demofiles "github.com/carbd/carbd/examples/demo"
+	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/pkg/daemon"
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/sandbox/netns"
@@ -333,22 +331,10 @@ func startWorld() (*world, func(), error) {
 	return w, func() { srv.Close(); stop() }, nil
 }
 
-func listenIn(ns, network, addr string) (net.Listener, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := vnetns.Get()
-	if err != nil {
-		return nil, err
-	}
-	defer orig.Close()
-	h, err := vnetns.GetFromName(ns)
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
-	if err := vnetns.Set(h); err != nil {
-		return nil, err
-	}
-	defer vnetns.Set(orig)
-	return net.Listen(network, addr)
+func listenIn(ns, network, addr string) (l net.Listener, err error) {
+	err = netnsx.DoNamed(ns, func() error {
+		l, err = net.Listen(network, addr)
+		return err
+	})
+	return l, err
 }

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"sync"
 	"time"
 
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/internal/netnsx"
 )
 
 // Record is one captured frame.
@@ -110,25 +110,7 @@ func Start(ifname, nsPath string, snaplen, maxBytes int, opts ...Option) (*Captu
 	return c, nil
 }
 
-func inNS(path string, fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := vnetns.Get()
-	if err != nil {
-		return err
-	}
-	defer orig.Close()
-	ns, err := vnetns.GetFromPath(path)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
-	if err := vnetns.Set(ns); err != nil {
-		return err
-	}
-	defer vnetns.Set(orig)
-	return fn()
-}
+func inNS(path string, fn func() error) error { return netnsx.Do(path, fn) }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 

@@ -3,36 +3,14 @@ package nfq
 import (
 	"fmt"
 	"os"
-	"runtime"
 
-	"golang.org/x/sys/unix"
+	"github.com/carbd/carbd/internal/netnsx"
 )
 
-// inNetNS runs fn on a fresh OS thread inside the network namespace at
-// path (the caller's when path is empty). The thread is never returned to
-// the Go scheduler's pool: it ends with the goroutine, so no other
-// goroutine ever runs in the wrong namespace.
-func inNetNS(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- fmt.Errorf("open netns %s: %w", path, err)
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("enter netns %s: %w", path, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
+// inNetNS runs fn inside the network namespace at path (the caller's when
+// path is empty), on a thread that never returns to the pool in the wrong
+// namespace (see internal/netnsx).
+func inNetNS(path string, fn func() error) error { return netnsx.Do(path, fn) }
 
 // readQueueProc reads the queue's line of /proc/net/netfilter/nfnetlink_queue
 // in the namespace at nsPath.

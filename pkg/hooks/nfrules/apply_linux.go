@@ -6,14 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/internal/netnsx"
 )
 
 // The xtables tools, IPv4 then IPv6.
@@ -229,35 +229,14 @@ func run(nsPath, stdin, name string, args ...string) (string, error) {
 	return string(out), err
 }
 
-// inNetNS runs fn (which may fork) on an OS thread inside the namespace
-// at path; "" runs it in place.
+// inNetNS runs fn (which may fork) inside the namespace at path; "" runs it
+// in place. The thread never returns to the pool in the wrong namespace
+// (see internal/netnsx).
 func inNetNS(path string, fn func() error) error {
-	if path == "" {
-		return fn()
+	if err := netnsx.Do(path, fn); err != nil {
+		return fmt.Errorf("nfrules: %w", err)
 	}
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("nfrules: open netns %s: %w", path, err)
-	}
-	defer target.Close()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("nfrules: open own netns: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("nfrules: enter netns %s: %w", path, err)
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		// Leave the thread locked: it is retired with the goroutine.
-		return errors.Join(ferr, fmt.Errorf("nfrules: return from netns %s: %w", path, err))
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	return nil
 }
 
 // nftConn opens an nftables connection in the namespace at nsPath.

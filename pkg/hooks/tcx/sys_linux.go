@@ -1,11 +1,9 @@
 package tcx
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -13,44 +11,17 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/internal/netnsx"
 )
 
 // This file is the package's syscall surface besides cilium/ebpf:
 // namespaces, bpffs, clocks.
 
-// inNetNS runs fn on an OS thread that has joined the network namespace at
-// path ("" runs fn where the caller is). The thread goes back to its own
-// namespace afterwards; if it cannot, it is left locked so the runtime
-// retires it instead of reusing it in the wrong namespace.
-func inNetNS(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer target.Close()
-
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("open own netns: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter netns %s: %w", path, err)
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		// Stay locked: the thread exits with the goroutine.
-		return errors.Join(ferr, fmt.Errorf("return from netns %s: %w", path, err))
-	}
-	runtime.UnlockOSThread()
-	return ferr
-}
+// inNetNS runs fn inside the network namespace at path ("" runs fn where
+// the caller is), on a thread that never returns to the pool in the wrong
+// namespace (see internal/netnsx).
+func inNetNS(path string, fn func() error) error { return netnsx.Do(path, fn) }
 
 // netlinkHandle returns a rtnetlink handle in the namespace at path ("" is
 // the caller's).

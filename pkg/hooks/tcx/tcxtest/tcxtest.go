@@ -4,21 +4,19 @@ package tcxtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
 	nfqueue "github.com/florianl/go-nfqueue/v2"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,32 +79,10 @@ func sysctl(tb testing.TB, ns string, kv ...string) {
 	testutil.Run(tb, "ip", append([]string{"netns", "exec", ns, "sysctl", "-q", "-w"}, kv...)...)
 }
 
-// Do runs fn on an OS thread inside namespace ns. Sockets fn opens stay
-// in ns; commands it starts run in ns.
-func Do(ns string, fn func() error) error {
-	target, err := netns.GetFromName(ns)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", ns, err)
-	}
-	defer target.Close()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		return errors.Join(ferr, err) // the thread stays locked and dies
-	}
-	runtime.UnlockOSThread()
-	return ferr
-}
+// Do runs fn inside namespace ns (see internal/netnsx). Sockets fn opens
+// stay in ns; commands it starts run in ns. fn runs on its own goroutine:
+// it must return errors rather than call t.Fatal.
+func Do(ns string, fn func() error) error { return netnsx.DoNamed(ns, fn) }
 
 // Listen opens a TCP listener in ns, closed when the test ends.
 func Listen(tb testing.TB, ns string, addr netip.AddrPort) net.Listener {
