@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+
+	"github.com/carbd/carbd/pkg/hooks/netparse/http1"
 )
 
 // ErrHTTP marks a request carbd cannot frame unambiguously; the rest of
@@ -57,22 +59,7 @@ const (
 	maxMethodLen  = 32
 	maxHeaderN    = 128
 	maxLeadBlanks = 4
-	maxChunkLine  = 1024
 )
-
-var tchar = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-		t[c-'a'+'A'] = true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return
-}()
 
 // methodChar is what carbd accepts in a method: the registered methods
 // use uppercase letters and '-'. Other tokens (legal but unused) make the
@@ -184,7 +171,7 @@ type reqScan struct {
 	length  int64
 	expect  bool // Expect: 100-continue
 	tunnel  bool
-	chunk   chunkScan
+	chunk   http1.Chunked
 	// bodyOnly: the head was emitted as its own effect; the scan continues
 	// over the body, which starts at offset 0.
 	bodyOnly bool
@@ -282,7 +269,7 @@ func (s *reqScan) advance(b []byte, cfg *Config, req *HTTPRequest) (scanStatus, 
 		}
 		return scanMore, 0, nil
 	case frameChunked:
-		end, big, err := s.chunk.scan(body, nil, cfg)
+		end, big, err := chunkedBody(&s.chunk, body, nil, cfg)
 		switch {
 		case err != nil:
 			return scanBad, 0, err
@@ -396,7 +383,7 @@ func parseHead(head []byte, req *HTTPRequest) error {
 		case bytes.EqualFold(h.Name, []byte("upgrade")):
 			upgrade = true
 		case bytes.EqualFold(h.Name, []byte("connection")):
-			if containsToken(h.Value, "upgrade") {
+			if http1.HasToken(h.Value, "upgrade") {
 				connUpgrade = true
 			}
 		}
@@ -452,80 +439,31 @@ func nextLine(b []byte) (line, rest []byte, err error) {
 	return line, rest, nil
 }
 
-// parseField parses "name: value" (RFC 9110 §5).
+// parseField parses "name: value" with the shared framer's rules.
 func parseField(line []byte) (Header, error) {
-	if line[0] == ' ' || line[0] == '\t' {
-		return Header{}, fmt.Errorf("%w: obsolete line folding", ErrHTTP)
+	name, value, err := http1.ParseField(line)
+	if err != nil {
+		return Header{}, fmt.Errorf("%w: %w", ErrHTTP, err)
 	}
-	i := bytes.IndexByte(line, ':')
-	if i <= 0 {
-		return Header{}, fmt.Errorf("%w: header line %q", ErrHTTP, clip(line, 64))
-	}
-	name := line[:i]
-	for _, c := range name {
-		if !tchar[c] {
-			return Header{}, fmt.Errorf("%w: header name %q", ErrHTTP, clip(name, 64))
-		}
-	}
-	v := line[i+1:]
-	for _, c := range v {
-		if c < ' ' && c != '\t' || c == 0x7f {
-			return Header{}, fmt.Errorf("%w: control byte %#x in header %q", ErrHTTP, c, clip(name, 64))
-		}
-	}
-	return Header{Name: name, Value: bytes.Trim(v, " \t")}, nil
+	return Header{Name: name, Value: value}, nil
 }
 
 func parseContentLength(v []byte) (int64, error) {
-	// A list of identical values ("5, 5") is accepted (RFC 9110 §8.6).
-	var n int64 = -1
-	for part := range bytes.SplitSeq(v, []byte(",")) {
-		part = bytes.Trim(part, " \t")
-		if len(part) == 0 || len(part) > 18 {
-			return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clip(v, 32))
-		}
-		var x int64
-		for _, c := range part {
-			if c < '0' || c > '9' {
-				return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clip(v, 32))
-			}
-			x = x*10 + int64(c-'0')
-		}
-		if n >= 0 && x != n {
-			return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clip(v, 32))
-		}
-		n = x
+	n, err := http1.ContentLength(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrHTTP, err)
 	}
 	return n, nil
 }
 
 // checkChunkedLast accepts a transfer-coding list whose last coding is
-// chunked and that has chunked only once.
+// chunked, that has chunked only once and no empty element.
 func checkChunkedLast(v []byte) error {
-	count, last := 0, false
-	for part := range bytes.SplitSeq(v, []byte(",")) {
-		part = bytes.Trim(part, " \t")
-		if i := bytes.IndexByte(part, ';'); i >= 0 {
-			part = bytes.TrimRight(part[:i], " \t")
-		}
-		last = bytes.EqualFold(part, []byte("chunked"))
-		if last {
-			count++
-		}
-	}
-	if !last || count != 1 {
+	last, count, empty := http1.TransferCodings(v)
+	if !last || count != 1 || empty {
 		return fmt.Errorf("%w: Transfer-Encoding %q does not end in chunked", ErrHTTP, clip(v, 64))
 	}
 	return nil
-}
-
-func containsToken(v []byte, tok string) bool {
-	for part := range bytes.SplitSeq(v, []byte(",")) {
-		if bytes.EqualFold(bytes.Trim(part, " \t"), []byte(tok)) {
-			return true
-		}
-	}
-	return false
 }
 
 // splitTarget fills Path, Query, Host and UserInfo from the request
@@ -591,153 +529,33 @@ func splitQuery(t []byte) (path, query []byte) {
 	return t, nil
 }
 
-// Chunk scanner states.
-const (
-	chSize = iota
-	chData
-	chDataEnd
-	chTrailer
-)
-
-// chunkScan walks a chunked body (RFC 9112 §7.1) incrementally.
-type chunkScan struct {
-	pos       int // where scanning resumes, relative to the body start
-	seen      int // bytes from pos already known to hold no LF
-	trailerAt int // where the trailer section starts
-	state     uint8
-	remain    int64
-	decoded   int64
-}
-
-// scan advances over body. It returns the body's length once the last
-// chunk and the trailer section are complete, -1 if more bytes are
-// needed. big says the body passed MaxBodyBytes of data or
-// MaxBodyBytes+MaxHeaderBytes of wire; scanning stops exactly there
-// (decoded is then MaxBodyBytes+1, or the data up to the wire bound), so
-// that the outcome does not depend on how much arrived at once. With dst,
-// it appends the decoded data, up to MaxBodyBytes.
-func (c *chunkScan) scan(body []byte, dst *[]byte, cfg *Config) (end int, big bool, err error) {
-	maxData, maxWire := int64(cfg.MaxBodyBytes), cfg.MaxBodyBytes+cfg.MaxHeaderBytes
+// chunkedBody advances c over body (the body's bytes so far, from its
+// start). It returns the body's length once it is complete, -1 while
+// more bytes are needed; big says it passed MaxBodyBytes of data or
+// MaxBodyBytes+MaxHeaderBytes of wire, where decoding stops at an exact
+// byte whatever arrived beyond it. With dst, it appends the decoded data,
+// up to MaxBodyBytes.
+func chunkedBody(c *http1.Chunked, body []byte, dst *[]byte, cfg *Config) (end int, big bool, err error) {
+	c.MaxData, c.MaxWire = int64(cfg.MaxBodyBytes), int64(cfg.MaxBodyBytes+cfg.MaxHeaderBytes)
 	for {
-		if c.decoded > maxData || c.pos > maxWire {
+		switch {
+		case c.Done():
+			return int(c.Wire), false, nil
+		case c.Over():
 			return -1, true, nil
+		case int(c.Wire) >= len(body):
+			return -1, false, nil
 		}
-		switch c.state {
-		case chSize:
-			j := bytes.IndexByte(body[c.pos+c.seen:], '\n')
-			if j < 0 {
-				c.seen = len(body) - c.pos
-				if c.seen > maxChunkLine {
-					return 0, false, fmt.Errorf("%w: chunk size line longer than %d bytes", ErrHTTP, maxChunkLine)
-				}
-				return -1, false, nil
-			}
-			j += c.seen
-			c.seen = 0
-			if j > maxChunkLine {
-				return 0, false, fmt.Errorf("%w: chunk size line longer than %d bytes", ErrHTTP, maxChunkLine)
-			}
-			line := body[c.pos : c.pos+j]
-			if len(line) == 0 || line[len(line)-1] != '\r' {
-				return 0, false, fmt.Errorf("%w: chunk size line not ended by CRLF", ErrHTTP)
-			}
-			line = line[:len(line)-1]
-			var size int64
-			k := 0
-			for ; k < len(line); k++ {
-				v := unhex(line[k])
-				if v < 0 {
-					break
-				}
-				if k >= 15 {
-					return 0, false, fmt.Errorf("%w: chunk size too long", ErrHTTP)
-				}
-				size = size<<4 | int64(v)
-			}
-			if k == 0 || k < len(line) && line[k] != ';' {
-				return 0, false, fmt.Errorf("%w: chunk size %q", ErrHTTP, clip(line, 32))
-			}
-			for _, ch := range line[k:] {
-				if ch < ' ' && ch != '\t' || ch == 0x7f {
-					return 0, false, fmt.Errorf("%w: control byte in chunk extension", ErrHTTP)
-				}
-			}
-			c.pos += j + 1
-			if size == 0 {
-				c.state, c.trailerAt = chTrailer, c.pos
-			} else {
-				c.state, c.remain = chData, size
-			}
-		case chData:
-			avail := int64(len(body) - c.pos)
-			// Stop at the bounds exactly, whatever arrived beyond them.
-			n := min(avail, c.remain, maxData+1-c.decoded, int64(maxWire+1-c.pos))
-			if dst != nil {
-				if room := int64(cfg.MaxBodyBytes - len(*dst)); room > 0 {
-					*dst = append(*dst, body[c.pos:c.pos+int(min(n, room))]...)
-				}
-			}
-			c.pos += int(n)
-			c.remain -= n
-			c.decoded += n
-			if c.remain > 0 {
-				if c.decoded > maxData || c.pos > maxWire {
-					continue
-				}
-				return -1, false, nil
-			}
-			c.state = chDataEnd
-		case chDataEnd:
-			if len(body)-c.pos < 2 {
-				if len(body)-c.pos == 1 && body[c.pos] != '\r' {
-					return 0, false, fmt.Errorf("%w: chunk data not followed by CRLF", ErrHTTP)
-				}
-				return -1, false, nil
-			}
-			if body[c.pos] != '\r' || body[c.pos+1] != '\n' {
-				return 0, false, fmt.Errorf("%w: chunk data not followed by CRLF", ErrHTTP)
-			}
-			c.pos += 2
-			c.state = chSize
-		case chTrailer:
-			j := bytes.IndexByte(body[c.pos+c.seen:], '\n')
-			if j < 0 {
-				c.seen = len(body) - c.pos
-				if len(body) > maxWire {
-					return -1, true, nil
-				}
-				return -1, false, nil
-			}
-			j += c.seen
-			c.seen = 0
-			if c.pos+j+1 > maxWire {
-				return -1, true, nil
-			}
-			line := body[c.pos : c.pos+j]
-			if len(line) == 0 || line[len(line)-1] != '\r' {
-				return 0, false, fmt.Errorf("%w: trailer line not ended by CRLF", ErrHTTP)
-			}
-			c.pos += j + 1
-			if len(line) == 1 {
-				return c.pos, false, nil
-			}
-			if _, err := parseField(line[:len(line)-1]); err != nil {
-				return 0, false, err
+		_, data, _, err := c.Next(body[c.Wire:])
+		if err != nil {
+			return 0, false, fmt.Errorf("%w: %w", ErrHTTP, err)
+		}
+		if dst != nil {
+			if room := cfg.MaxBodyBytes - len(*dst); room > 0 {
+				*dst = append(*dst, data[:min(len(data), room)]...)
 			}
 		}
 	}
-}
-
-func unhex(c byte) int {
-	switch {
-	case c >= '0' && c <= '9':
-		return int(c - '0')
-	case c >= 'a' && c <= 'f':
-		return int(c-'a') + 10
-	case c >= 'A' && c <= 'F':
-		return int(c-'A') + 10
-	}
-	return -1
 }
 
 // trailers parses the trailer section (body[from:]) of a complete

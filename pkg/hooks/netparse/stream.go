@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/carbd/carbd/pkg/hooks/netparse/http1"
 )
 
 // flowKey is a TCP (or UDP) 4-tuple, client to server.
@@ -604,12 +606,12 @@ func (p *Parser) emitHTTP(f *flow, b []byte, n int64, big bool, now time.Time, r
 		r.Body, r.BodyLen = body[:avail], s.length
 		r.Truncated = s.length > int64(p.cfg.MaxBodyBytes)
 	case frameChunked:
-		var c chunkScan
-		end, _, _ := c.scan(body, &e.body, &p.cfg)
-		r.Body, r.BodyLen, r.Chunked = e.body, c.decoded, true
+		var c http1.Chunked
+		end, _, _ := chunkedBody(&c, body, &e.body, &p.cfg)
+		r.Body, r.BodyLen, r.Chunked = e.body, c.Decoded, true
 		r.Truncated = big
 		if end >= 0 {
-			trailers(body[c.trailerAt:end], r)
+			trailers(body[c.TrailerAt:end], r)
 		}
 	}
 	e.Content = r.Body
