@@ -653,8 +653,54 @@ func TestTraceRejects(t *testing.T) {
 // disconnects: virtiofsd forks its sandbox child on the connection,
 // pivots into M, and exits when the peer goes away. The tracer follows
 // both processes and resolves the child's paths through View "/".
+//
+// "fresh run dir" is a new machine's first virtiofsd: /run/virtiofsd does
+// not exist yet (here: a private tmpfs on /run, so the host's is left
+// alone), and virtiofsd's parent, which never pivots, creates it for its
+// pid file. That mkdir names the host's /var/run, never var/run/virtiofsd
+// in M.
 func TestVirtiofsdTraced(t *testing.T) {
 	requireVirtiofsd(t)
+	t.Run("existing run dir", func(t *testing.T) { traceVirtiofsd(t, "") })
+	t.Run("fresh run dir", func(t *testing.T) {
+		testutil.RequireTool(t, "unshare")
+		wrapper := filepath.Join(t.TempDir(), "virtiofsd-fresh-run")
+		script := "#!/bin/sh\nexec unshare -m --propagation private sh -c " +
+			"'mount -t tmpfs carbd-fresh-run /run && exec \"$0\" \"$@\"' " + DefaultVirtiofsd + ` "$@"` + "\n"
+		if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		parent, recs := traceVirtiofsd(t, wrapper)
+		var made bool
+		for _, r := range recs {
+			if r.Kind != KindSyscall || r.Ret < 0 {
+				continue
+			}
+			if r.PID == parent && r.Op == OpMkdir && r.Path == "/var/run/virtiofsd" && !r.InRoot {
+				made = true
+			}
+			for _, p := range []struct {
+				path string
+				in   bool
+			}{{r.Path, r.InRoot}, {r.Path2, r.InRoot2}} {
+				if p.in && (strings.HasPrefix(p.path, "var/") || strings.HasPrefix(p.path, "run/")) {
+					t.Errorf("a host path became a path in M: %v", &r)
+				}
+			}
+			if r.PID == parent && (r.InRoot && r.Path != "." || r.InRoot2) {
+				t.Errorf("virtiofsd's parent never pivots, yet %v is in M", &r)
+			}
+		}
+		if !made {
+			t.Errorf("no mkdir of the host's /var/run/virtiofsd by virtiofsd %d", parent)
+		}
+	})
+}
+
+// traceVirtiofsd runs one virtiofsd (binary: "" for the default) in a
+// traced cgroup through one VMM connection and returns its pid and every
+// record.
+func traceVirtiofsd(t *testing.T, binary string) (int, []Record) {
 	root := mountOverlay(t)
 	cg, err := NewCgroup(testutil.UniqueName("fev"))
 	if err != nil {
@@ -675,11 +721,20 @@ func TestVirtiofsdTraced(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(t.TempDir(), "vfs.sock")
-	v, err := StartVirtiofsd(context.Background(), VirtiofsdConfig{SocketPath: sock, Source: root, Cgroup: cg})
+	v, err := StartVirtiofsd(context.Background(), VirtiofsdConfig{Binary: binary, SocketPath: sock, Source: root, Cgroup: cg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { v.Stop() })
+	// Children forked before the connection (a wrapper's) are not the
+	// sandbox child.
+	syncTracer(t, tr)
+	before := map[int]bool{}
+	for _, r := range col.all() {
+		if r.Kind == KindFork && r.PID == v.PID() {
+			before[r.Child] = true
+		}
+	}
 	conn, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -689,7 +744,7 @@ func TestVirtiofsdTraced(t *testing.T) {
 	for child == 0 {
 		syncTracer(t, tr)
 		for _, r := range col.all() {
-			if r.Kind == KindFork && r.PID == v.PID() {
+			if r.Kind == KindFork && r.PID == v.PID() && !before[r.Child] {
 				child = r.Child
 			}
 		}
@@ -719,6 +774,7 @@ func TestVirtiofsdTraced(t *testing.T) {
 	if last := recs[len(recs)-1]; last.Kind != KindExit {
 		t.Errorf("last record of the child %v, want its exit", &last)
 	}
+	return v.PID(), col.all()
 }
 
 // compatELF is a static x86-64 executable of 136 bytes that makes one

@@ -117,6 +117,9 @@ type procFS interface {
 	FDPath(pid, fd int) (string, error)
 	Cwd(pid int) (string, error)
 	NSPids(pid int) ([]int, error)
+	// Root is the device (userspace encoding) and inode of pid's root
+	// directory (/proc/PID/root).
+	Root(pid int) (dev, ino uint64, err error)
 }
 
 type fdEntry struct {
@@ -130,6 +133,10 @@ type procState struct {
 	fds    map[int]fdEntry
 	cwd    string
 	nspids []int
+	// rootIsM: the process's root directory is M (it pivoted or
+	// chrooted into it). Only ever set: a process cannot leave such a
+	// root, and its children inherit it.
+	rootIsM bool
 }
 
 // resolver turns raw records into Records: it keeps, per traced process,
@@ -194,9 +201,48 @@ func (r *resolver) isRoot(fi fdInfo) bool {
 	return r.rootDev != 0 && fi.Dev == r.rootDev && fi.Ino == r.rootIno
 }
 
-// inside maps a path in the view of target id to a path relative to M.
-func (r *resolver) inside(target uint32, p string) (string, bool) {
+// viewOf is where M appears to process pid of target id. A target whose
+// view is "/" runs with M as its root directory (virtiofsd's sandbox
+// child pivots into it), but not all of its processes do, nor from their
+// first syscall: virtiofsd's parent never pivots, and its own
+// mkdir("/var/run/virtiofsd") names the host's /var/run, not M's. So for
+// such a target the process's root directory is checked (device and
+// inode of /proc/PID/root against M's): a process whose root is not M
+// sees the host's tree, where M is at its host path. A host path outside
+// M never becomes a path in M.
+func (r *resolver) viewOf(target uint32, pid int) (string, error) {
 	view := r.viewRoot(target)
+	if view != "/" || r.rootDev == 0 || view == r.root {
+		return view, nil
+	}
+	st := r.state(pid)
+	if st.rootIsM {
+		return view, nil
+	}
+	dev, ino, err := r.proc.Root(pid)
+	if err != nil {
+		return "", fmt.Errorf("root directory of process %d unknown: %w", pid, err)
+	}
+	if dev == kdev(r.rootDev) && ino == r.rootIno {
+		st.rootIsM = true
+		return view, nil
+	}
+	return r.root, nil
+}
+
+// inside maps a path in process pid's view (see viewOf) to a path
+// relative to M.
+func (r *resolver) inside(target uint32, pid int, p string) (string, bool, error) {
+	view, err := r.viewOf(target, pid)
+	if err != nil {
+		return p, false, err
+	}
+	rel, in := underView(view, p)
+	return rel, in, nil
+}
+
+// underView maps path p to a path relative to view when it is under it.
+func underView(view, p string) (string, bool) {
 	if p == view {
 		return ".", true
 	}
@@ -357,7 +403,7 @@ func (r *resolver) resolve(e *rawEvent) Record {
 		rec.Kind = KindFork
 		rec.Child = int(e.Args[0])
 		parent := r.state(rec.PID)
-		child := &procState{fds: make(map[int]fdEntry, len(parent.fds)), cwd: parent.cwd}
+		child := &procState{fds: make(map[int]fdEntry, len(parent.fds)), cwd: parent.cwd, rootIsM: parent.rootIsM}
 		for k, v := range parent.fds {
 			child.fds[k] = v
 		}
@@ -394,7 +440,11 @@ func (r *resolver) resolve(e *rawEvent) Record {
 			fail(rec.Syscall, e2)
 			return
 		}
-		rel, in := r.inside(e.Target, p)
+		rel, in, e3 := r.inside(e.Target, pid, p)
+		if e3 != nil {
+			fail(rec.Syscall, e3)
+			return
+		}
 		if slot == 0 {
 			rec.Path, rec.InRoot = rel, in
 		} else {

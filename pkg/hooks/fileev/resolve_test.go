@@ -14,7 +14,10 @@ type fakeProc struct {
 	fds    map[[2]int]string
 	cwds   map[int]string
 	nspids map[int][]int
-	asked  []string
+	// roots: device and inode of a process's root directory; a process
+	// not listed has M as its root.
+	roots map[int][2]uint64
+	asked []string
 }
 
 func (f *fakeProc) FDPath(pid, fd int) (string, error) {
@@ -34,6 +37,18 @@ func (f *fakeProc) Cwd(pid int) (string, error) {
 }
 
 func (f *fakeProc) NSPids(pid int) ([]int, error) { return f.nspids[pid], nil }
+
+func (f *fakeProc) Root(pid int) (uint64, uint64, error) {
+	f.asked = append(f.asked, fmt.Sprintf("root %d", pid))
+	r, ok := f.roots[pid]
+	if !ok {
+		return kdev(tDev), tRootIno, nil
+	}
+	if r == [2]uint64{} {
+		return 0, 0, errors.New("no such process")
+	}
+	return r[0], r[1], nil
+}
 
 const (
 	tRoot    = "/m"
@@ -173,7 +188,8 @@ func TestResolveForkExitAndViews(t *testing.T) {
 	if rec := r.resolve(&fork); rec.Kind != KindFork || rec.Child != 200 {
 		t.Errorf("fork record %+v", rec)
 	}
-	// The child inherits descriptors and cwd: no /proc lookup.
+	// The child inherits descriptors, cwd and its root being M: no /proc
+	// lookup.
 	rd := withFI(sc(0, OpRead, 1, 3), reg(3, 50, 1))
 	rd.Tgid, rd.Target = 200, 2
 	rec = r.resolve(&rd)
@@ -185,7 +201,7 @@ func TestResolveForkExitAndViews(t *testing.T) {
 	if _, ok := r.procs[200]; ok {
 		t.Errorf("state of pid 200 kept after its exit")
 	}
-	if d := cmp.Diff([]string{"cwd 100"}, p.asked); d != "" {
+	if d := cmp.Diff([]string{"cwd 100", "root 100"}, p.asked); d != "" {
 		t.Errorf("/proc lookups (-want +got):\n%s", d)
 	}
 	// Target 3 has M bind-mounted at /work.

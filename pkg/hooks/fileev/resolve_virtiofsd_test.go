@@ -55,3 +55,56 @@ func TestResolveVirtiofsdProcBind(t *testing.T) {
 		}
 	}
 }
+
+// TestResolveHostPathNeverInView: a target whose view is "/" (virtiofsd
+// with sandbox=namespace) also runs processes that have not pivoted into
+// M: virtiofsd's parent creates /var/run/virtiofsd for its pid file on
+// the host. That is a host path, not var/run/virtiofsd in the working
+// directory. Only a process whose root directory is M sees M at "/"; it
+// is asked of /proc once and remembered, and its children inherit it.
+func TestResolveHostPathNeverInView(t *testing.T) {
+	hostRoot := [2]uint64{8<<8 | 1, 2} // the host's / on another device
+	p := &fakeProc{
+		cwds:  map[int]string{100: "/", 101: "/", 200: "/"},
+		roots: map[int][2]uint64{100: hostRoot, 200: {}}, // 101: M; 200: gone
+	}
+	r := newTestResolver(p, map[uint32]string{1: "/"})
+	mkdir := func(pid uint32, path string) rawEvent {
+		e := withPath(sc(83, OpMkdir, 0, 0, 0o755), path)
+		e.Tgid, e.Tid = pid, pid
+		return e
+	}
+	type res struct {
+		Path      string
+		InRoot    bool
+		Malformed bool
+		Events    int
+	}
+	var got []res
+	step := func(e rawEvent) {
+		rec := r.resolve(&e)
+		if rec.Kind == KindSyscall {
+			got = append(got, res{rec.Path, rec.InRoot, rec.Malformed != "", len(Events(&rec))})
+		}
+	}
+	step(mkdir(100, "/var/run/virtiofsd"))  // the parent, on the host
+	step(mkdir(100, tRoot+"/made-by-host")) // the parent, in M by its host path
+	step(rawEvent{Kind: kFork, Tgid: 100, Tid: 100, Target: 1, Args: [6]uint64{101}})
+	step(mkdir(101, "/var/run/virtiofsd")) // the sandbox child, after its pivot_root into M
+	step(mkdir(101, "/var/run/virtiofsd"))
+	step(mkdir(200, "/x")) // root unknown: never guessed
+	want := []res{
+		{"/var/run/virtiofsd", false, false, 0},
+		{"made-by-host", true, false, 1},
+		{"var/run/virtiofsd", true, false, 1},
+		{"var/run/virtiofsd", true, false, 1},
+		{"", false, true, 0},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
+	}
+	// The child's root was asked once, then remembered.
+	if diff := cmp.Diff([]string{"root 100", "root 100", "root 101", "root 200"}, p.asked); diff != "" {
+		t.Errorf("asked /proc (-want +got):\n%s", diff)
+	}
+}

@@ -740,6 +740,14 @@ func (hostProc) FDPath(pid, fd int) (string, error) {
 	return os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + strconv.Itoa(fd))
 }
 
+func (hostProc) Root(pid int) (dev, ino uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/root", &st); err != nil {
+		return 0, 0, err
+	}
+	return st.Dev, st.Ino, nil
+}
+
 func (hostProc) Cwd(pid int) (string, error) {
 	return os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd")
 }
