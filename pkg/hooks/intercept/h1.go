@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/capture"
 	"github.com/carbd/carbd/pkg/hooks/respwatch"
 )
@@ -61,7 +62,13 @@ func (c *conn) serveH1(ctx context.Context) error {
 		}
 		req := c.request()
 		req.Event, req.Oversized, req.Open = e.ev, e.oversized, e.open
-		v := c.p.cfg.Decider.Decide(ctx, &req)
+		var v Verdict
+		if why := c.misdirected(eventHost(&req.Event)); why != "" {
+			v.Notice = why
+			c.refuse(&req, why)
+		} else {
+			v = c.p.cfg.Decider.Decide(ctx, &req)
+		}
 		if e.open {
 			if !v.Release {
 				c.cliTLS.Write(http1Refusal(v.Notice, true)) //nolint:errcheck // closing anyway
@@ -269,4 +276,11 @@ func (c *conn) observer(req *Request) func(*respwatch.Result) {
 			c.p.cfg.Observe(req, ev)
 		}
 	}
+}
+
+func eventHost(ev *decide.Event) string {
+	if ev.Dest == nil {
+		return ""
+	}
+	return ev.Dest.Host
 }

@@ -109,7 +109,13 @@ func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http2.Client
 		writeRefusal(w, "CONNECT over HTTP/2 is not intercepted")
 		return
 	}
-	v := c.p.cfg.Decider.Decide(r.Context(), &req)
+	var v Verdict
+	if why := c.misdirected(eventHost(&req.Event)); why != "" {
+		v.Notice = why
+		c.refuse(&req, why)
+	} else {
+		v = c.p.cfg.Decider.Decide(r.Context(), &req)
+	}
 	if !v.Release {
 		writeRefusal(w, v.Notice)
 		return
@@ -248,6 +254,8 @@ func writeRefusal(w http.ResponseWriter, notice string) {
 // verified: every request gets a 403 saying why, nothing goes upstream.
 func (c *conn) refuseAll(ctx context.Context) {
 	notice := c.upErr.Error()
+	req := c.request()
+	c.refuse(&req, notice)
 	if c.cliTLS.ConnectionState().NegotiatedProtocol == ProtoH2 {
 		srv := &http2.Server{}
 		srv.ServeConn(c.cliTLS, &http2.ServeConnOpts{Context: ctx, BaseConfig: &http.Server{},

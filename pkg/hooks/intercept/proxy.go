@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -115,6 +116,10 @@ type Config struct {
 	OrigDst func(net.Conn) (netip.AddrPort, error)
 	// Logger receives connection errors; nil: discarded.
 	Logger *slog.Logger
+	// Refused, when set, is told of each request the proxy refuses
+	// without asking the Decider (a Host that is not the connection's
+	// server, an upstream that failed verification), for the audit.
+	Refused func(req *Request, notice string)
 }
 
 // Proxy terminates intercepted TLS connections and relays the HTTP
@@ -364,4 +369,32 @@ func http1Refusal(notice string, closing bool) []byte {
 	}
 	b = append(b, "\r\n"...)
 	return append(b, body...)
+}
+
+// misdirected says why a request whose host (from its Host header,
+// :authority or absolute URL) is not the server the connection was
+// verified for must be refused: the policy decides by that host, and the
+// bytes would go to another party. "" when it matches or names none.
+func (c *conn) misdirected(host string) string {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if host == "" {
+		return ""
+	}
+	if c.sni != "" {
+		if host == strings.ToLower(strings.TrimSuffix(c.sni, ".")) {
+			return ""
+		}
+		return fmt.Sprintf("misdirected request: host %q on a connection to %q", host, c.sni)
+	}
+	if a, err := netip.ParseAddr(host); err == nil && a.Unmap() == c.dst.Addr().Unmap() {
+		return ""
+	}
+	return fmt.Sprintf("misdirected request: host %q on a connection to %s without a server name", host, c.dst.Addr())
+}
+
+// refuse reports a refusal the proxy made itself.
+func (c *conn) refuse(req *Request, notice string) {
+	if c.p.cfg.Refused != nil {
+		c.p.cfg.Refused(req, notice)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -138,5 +139,38 @@ func TestNoSNI(t *testing.T) {
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("%v %v", resp, err)
+	}
+}
+
+// TestMisdirected: a request whose Host is not the server the connection
+// was verified for is refused without asking the decider (the policy
+// would judge one party while the bytes go to another).
+func TestMisdirected(t *testing.T) {
+	w := newWorld(t)
+	var refused []string
+	var mu sync.Mutex
+	tp := newTestProxy(t, w, func(c *Config) {
+		c.Refused = func(_ *Request, notice string) { mu.Lock(); refused = append(refused, notice); mu.Unlock() }
+	})
+	for _, h2 := range []bool{false, true} {
+		req, _ := http.NewRequest("GET", tp.url("/fronted"), nil)
+		req.Host = "allowed.example"
+		resp, err := goClient(tp, h2).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || !strings.Contains(string(b), `misdirected request: host "allowed.example" on a connection to "localhost"`) {
+			t.Errorf("h2=%v: %d %q", h2, resp.StatusCode, b)
+		}
+	}
+	if len(w.received()) != 0 || len(tp.dec.seen()) != 0 {
+		t.Errorf("world received %d, decider saw %d", len(w.received()), len(tp.dec.seen()))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(refused) != 2 {
+		t.Errorf("Refused called %d times", len(refused))
 	}
 }
