@@ -10,6 +10,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/carbd/carbd/pkg/hooks/netparse/http1"
 )
 
 // Header is one response header field, as received (the value trimmed of
@@ -79,16 +81,12 @@ func (r *Response) Get(name string) string {
 type rstate uint8
 
 const (
-	rsIdle      rstate = iota // between responses
-	rsHead                    // reading the head
-	rsBody                    // a Content-Length body
-	rsChunkSize               // a chunk-size line
-	rsChunkData               // chunk data
-	rsChunkCR                 // the CRLF after chunk data
-	rsChunkLF                 // the LF of that CRLF
-	rsTrailer                 // the trailer section
-	rsClose                   // a body that ends with the connection
-	rsDone                    // complete; take it with finish
+	rsIdle    rstate = iota // between responses
+	rsHead                  // reading the head
+	rsBody                  // a Content-Length body
+	rsChunked               // a chunked body (http1.Chunked)
+	rsClose                 // a body that ends with the connection
+	rsDone                  // complete; take it with finish
 )
 
 // status is what feed says about the bytes it consumed.
@@ -105,7 +103,6 @@ const (
 const (
 	maxLeadBlank  = 8   // stray CR/LF bytes accepted before a status line
 	maxHeaderN    = 256 // header fields in one head
-	maxChunkLine  = 1024
 	maxEncodings  = 4
 	minWireBuffer = 4096
 )
@@ -149,9 +146,8 @@ type reader struct {
 	nl     uint8 // end-of-head scan: 1 after LF, 2 after LF CR
 	head   []byte
 	resp   Response
-	remain int64 // body bytes (length) or chunk bytes left
-	line   []byte
-	trail  int // trailer bytes so far
+	remain int64 // body bytes left (length)
+	chunk  http1.Chunked
 	wire   []byte
 	wmax   int
 	acct   int   // bytes of head and wire counted in mem
@@ -179,8 +175,8 @@ func (r *reader) reset() {
 	enc := r.resp.Encodings[:0]
 	r.resp = Response{Headers: hs, Encodings: enc, ContentLength: -1}
 	r.st, r.method, r.lead, r.nl = rsIdle, "", 0, 0
-	r.head, r.line, r.wire = r.head[:0], r.line[:0], r.wire[:0]
-	r.remain, r.trail, r.wmax = 0, 0, 0
+	r.head, r.wire = r.head[:0], r.wire[:0]
+	r.remain, r.wmax, r.chunk = 0, 0, http1.Chunked{}
 	r.stop, r.started, r.emitted = nil, false, false
 }
 
@@ -189,7 +185,7 @@ func (r *reader) release() {
 	r.reset()
 	r.mem.give(r.acct)
 	r.acct = 0
-	r.head, r.wire, r.line = nil, nil, nil
+	r.head, r.wire = nil, nil
 }
 
 // trimBuffers drops buffers that grew large, so an idle kept-alive
@@ -204,11 +200,6 @@ func (r *reader) trimBuffers() {
 		r.mem.give(cap(r.head))
 		r.acct -= cap(r.head)
 		r.head = nil
-	}
-	if cap(r.line) > 4<<10 {
-		r.mem.give(cap(r.line))
-		r.acct -= cap(r.line)
-		r.line = nil
 	}
 }
 
@@ -258,7 +249,10 @@ func (r *reader) feed(b []byte) (int, status, error) {
 					return n, stDone, nil
 				}
 			case FrameChunked:
-				r.st = rsChunkSize
+				// Lenient line ends, as clients read responses; the
+				// trailer section is bounded like a head.
+				r.st = rsChunked
+				r.chunk = http1.Chunked{Lax: true, MaxTrailer: int64(r.cfg.MaxHeaderBytes)}
 			case FrameClose:
 				r.st = rsClose
 			}
@@ -274,111 +268,25 @@ func (r *reader) feed(b []byte) (int, status, error) {
 				r.st = rsDone
 				return n, stDone, nil
 			}
-		case rsChunkSize:
+		case rsChunked:
 			if n == len(b) {
 				return n, stMore, nil
 			}
-			line, k, ok, err := r.takeLine(b[n:], maxChunkLine)
+			k, data, st, err := r.chunk.Next(b[n:])
+			r.collect(data)
 			n += k
 			if err != nil {
-				return n, stBad, fmt.Errorf("chunk size: %w", err)
+				return n, stBad, fmt.Errorf("%w: %w", ErrHTTP, err)
 			}
-			if !ok {
-				return n, stMore, nil
-			}
-			size, err := chunkSize(line)
-			if err != nil {
-				return n, stBad, err
-			}
-			if size == 0 {
-				r.st = rsTrailer
-			} else {
-				r.st, r.remain = rsChunkData, size
-			}
-		case rsChunkData:
-			if n == len(b) {
-				return n, stMore, nil
-			}
-			k := int(min(r.remain, int64(len(b)-n)))
-			r.collect(b[n : n+k])
-			n += k
-			r.remain -= int64(k)
-			if r.remain == 0 {
-				r.st = rsChunkCR
-			}
-		case rsChunkCR, rsChunkLF:
-			if n == len(b) {
-				return n, stMore, nil
-			}
-			c := b[n]
-			switch {
-			case c == '\r' && r.st == rsChunkCR:
-				r.st = rsChunkLF
-			case c == '\n':
-				r.st = rsChunkSize
-			default:
-				return n, stBad, fmt.Errorf("%w: chunk data not followed by CRLF", ErrHTTP)
-			}
-			n++
-		case rsTrailer:
-			if n == len(b) {
-				return n, stMore, nil
-			}
-			line, k, ok, err := r.takeLine(b[n:], r.cfg.MaxHeaderBytes-r.trail)
-			n += k
-			r.trail += k
-			if err != nil {
-				return n, stBad, fmt.Errorf("trailer section: %w", err)
-			}
-			if !ok {
-				return n, stMore, nil
-			}
-			if len(line) == 0 {
+			if st == http1.ChunkDone {
 				r.st = rsDone
 				return n, stDone, nil
-			}
-			if bytes.IndexByte(line, ':') <= 0 {
-				return n, stBad, fmt.Errorf("%w: trailer line %q", ErrHTTP, clip(line, 64))
 			}
 		case rsClose:
 			r.collect(b[n:])
 			return len(b), stMore, nil
 		}
 	}
-}
-
-// takeLine returns a complete line (without its CRLF or LF) from r.line
-// plus b, and how many bytes of b it used. ok is false when the line is
-// not complete; err is set when it exceeds limit or the memory budget.
-func (r *reader) takeLine(b []byte, limit int) (line []byte, used int, ok bool, err error) {
-	i := bytes.IndexByte(b, '\n')
-	if i < 0 {
-		if len(r.line)+len(b) > limit {
-			return nil, len(b), false, fmt.Errorf("%w: line longer than %d bytes", ErrHTTP, limit)
-		}
-		if !r.grow(&r.line, len(b)) {
-			return nil, len(b), false, fmt.Errorf("%w: partial line", ErrMemory)
-		}
-		r.line = append(r.line, b...)
-		return nil, len(b), false, nil
-	}
-	if len(r.line)+i > limit {
-		return nil, i + 1, false, fmt.Errorf("%w: line longer than %d bytes", ErrHTTP, limit)
-	}
-	if len(r.line) > 0 {
-		if !r.grow(&r.line, i) {
-			return nil, i + 1, false, fmt.Errorf("%w: partial line", ErrMemory)
-		}
-		r.line = append(r.line, b[:i]...)
-		line = r.line
-		r.line = r.line[:0]
-	} else {
-		line = b[:i]
-	}
-	if n := len(line); n > 0 && line[n-1] == '\r' {
-		line = line[:n-1]
-	}
-	return line, i + 1, true, nil
 }
 
 // headBytes scans b for the end of the head (an empty line), copying the
@@ -500,16 +408,12 @@ func (r *reader) lose(n int64) (ok, done bool) {
 			return true, true
 		}
 		return true, false
-	case rsChunkData:
-		if n > r.remain {
+	case rsChunked:
+		if !r.chunk.LoseData(n) {
 			return false, false
 		}
-		r.remain -= n
 		r.resp.WireLen += n
 		r.stopLost()
-		if r.remain == 0 {
-			r.st = rsChunkCR
-		}
 		return true, false
 	case rsClose:
 		r.resp.WireLen += n
@@ -533,7 +437,7 @@ func (r *reader) eof() bool {
 	case rsClose:
 		r.st = rsDone
 		return true
-	case rsBody, rsChunkSize, rsChunkData, rsChunkCR, rsChunkLF, rsTrailer:
+	case rsBody, rsChunked:
 		r.resp.Incomplete = true
 		r.st = rsDone
 		return true
@@ -598,23 +502,19 @@ func (r *reader) parseHead() error {
 		if strings.IndexByte(line, '\r') >= 0 {
 			return fmt.Errorf("%w: bare CR in %q", ErrHTTP, clipS(line, 64))
 		}
-		if line[0] == ' ' || line[0] == '\t' {
-			return fmt.Errorf("%w: obsolete line folding", ErrHTTP)
-		}
-		name, value, ok := strings.Cut(line, ":")
-		if !ok || name == "" || !tokenString(name) {
-			return fmt.Errorf("%w: header line %q", ErrHTTP, clipS(line, 64))
+		name, value, err := http1.ParseField(line)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrHTTP, err)
 		}
 		if len(resp.Headers) >= maxHeaderN {
 			return fmt.Errorf("%w: more than %d header fields", ErrHTTP, maxHeaderN)
 		}
-		value = strings.Trim(value, " \t")
 		resp.Headers = append(resp.Headers, Header{Name: name, Value: value})
 		switch {
 		case strings.EqualFold(name, "content-length"):
-			n, err := contentLength(value)
+			n, err := http1.ContentLength(value)
 			if err != nil {
-				return err
+				return fmt.Errorf("%w: %w", ErrHTTP, err)
 			}
 			if cl >= 0 && n != cl {
 				return fmt.Errorf("%w: conflicting Content-Length values %d and %d", ErrHTTP, cl, n)
@@ -651,7 +551,7 @@ func (r *reader) parseHead() error {
 	case tes > 0:
 		// Transfer-Encoding overrides Content-Length (RFC 9112 §6.3).
 		resp.Framing = FrameClose
-		if lastChunked(te) {
+		if last, _, _ := http1.TransferCodings(te); last {
 			resp.Framing = FrameChunked
 		}
 	case cl >= 0:
@@ -671,100 +571,6 @@ func httpPrefix(b []byte) bool {
 	const want = "HTTP/1."
 	n := min(len(b), len(want))
 	return string(b[:n]) == want[:n]
-}
-
-var tchar = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-		t[c-'a'+'A'] = true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return
-}()
-
-func tokenString(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if !tchar[s[i]] {
-			return false
-		}
-	}
-	return true
-}
-
-func contentLength(v string) (int64, error) {
-	// A list of identical values ("5, 5") is accepted (RFC 9110 §8.6).
-	var n int64 = -1
-	for part := range strings.SplitSeq(v, ",") {
-		part = strings.Trim(part, " \t")
-		if part == "" || len(part) > 18 {
-			return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clipS(v, 32))
-		}
-		var x int64
-		for i := 0; i < len(part); i++ {
-			c := part[i]
-			if c < '0' || c > '9' {
-				return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clipS(v, 32))
-			}
-			x = x*10 + int64(c-'0')
-		}
-		if n >= 0 && x != n {
-			return 0, fmt.Errorf("%w: Content-Length %q", ErrHTTP, clipS(v, 32))
-		}
-		n = x
-	}
-	return n, nil
-}
-
-func lastChunked(te string) bool {
-	last := ""
-	for part := range strings.SplitSeq(te, ",") {
-		part = strings.Trim(part, " \t")
-		if i := strings.IndexByte(part, ';'); i >= 0 {
-			part = strings.TrimRight(part[:i], " \t")
-		}
-		if part != "" {
-			last = part
-		}
-	}
-	return strings.EqualFold(last, "chunked")
-}
-
-func chunkSize(line []byte) (int64, error) {
-	var size int64
-	k := 0
-	for ; k < len(line); k++ {
-		v := unhex(line[k])
-		if v < 0 {
-			break
-		}
-		if k >= 15 {
-			return 0, fmt.Errorf("%w: chunk size too long", ErrHTTP)
-		}
-		size = size<<4 | int64(v)
-	}
-	rest := line[k:]
-	rest = bytes.TrimLeft(rest, " \t")
-	if k == 0 || len(rest) > 0 && rest[0] != ';' {
-		return 0, fmt.Errorf("%w: chunk size %q", ErrHTTP, clip(line, 32))
-	}
-	return size, nil
-}
-
-func unhex(c byte) int {
-	switch {
-	case c >= '0' && c <= '9':
-		return int(c - '0')
-	case c >= 'a' && c <= 'f':
-		return int(c-'a') + 10
-	case c >= 'A' && c <= 'F':
-		return int(c-'A') + 10
-	}
-	return -1
 }
 
 func clip(b []byte, n int) []byte {
