@@ -13,14 +13,16 @@ import (
 )
 
 // chvLauncher is the cloud-hypervisor backend, launched and driven as
-// its documentation specifies (docs/vm.md): --api-socket, --kernel (the
-// image's PVH vmlinux), --initramfs, --cmdline, --memory shared=on (for
-// --fs), --net on the tap carbd created (with its address given
-// explicitly: releases from v36 to v47 set a default 192.168.249.1 on a
-// named tap without ip=), --fs on virtiofsd's socket, --vsock (hybrid:
-// the control channel is "CONNECT <port>" on its Unix socket), the
-// serial console to a file; vm.pause on a ledger stop, vm.shutdown then
-// vmm.shutdown to stop.
+// Cloud Hypervisor's code behaves (docs/vm.md): --api-socket, --kernel
+// (the image's PVH vmlinux), --initramfs, --cmdline, --memory shared=on
+// (for --fs), --net on the tap carbd created with its address (by name
+// only: Cloud Hypervisor v37 and later leave an existing tap's address
+// alone, so ip=/mask= would do nothing), --fs on virtiofsd's socket,
+// --vsock (hybrid: the control channel is "CONNECT <port>" on its Unix
+// socket), the serial console to a file, --event-monitor on a pipe and
+// --pvpanic (a guest reset or panic ends the run: carbd's guest never
+// reboots); vm.pause on a ledger stop, vm.shutdown then vmm.shutdown to
+// stop.
 type chvLauncher struct{}
 
 // chvCID is the guest's vsock context id. With hybrid vsock the host
@@ -53,7 +55,7 @@ func (chvLauncher) launch(ctx context.Context, s *vmSpec) (hypervisor, error) {
 		Initramfs: s.initrd,
 		CPUs:      s.cfg.CPUs,
 		MemoryMiB: s.cfg.MemoryMiB,
-		Net: &chv.Net{Tap: s.tap, HostAddr: p.HostAddr4, Addr: p.GuestAddr4,
+		Net: &chv.Net{Tap: s.tap, Addr: p.GuestAddr4,
 			Gateway: p.HostAddr4.Addr(), DNS: p.HostAddr4.Addr()},
 		FS:        &chv.FS{Socket: s.vfsSock, Tag: vmFSTag, MountPoint: s.workdir},
 		Vsock:     chv.Vsock{CID: chvCID, Socket: filepath.Join(s.dir, "vsock.sock"), Port: chv.DefaultCtrlPort},
@@ -115,4 +117,13 @@ func (c *chvVM) stop() error {
 
 func (c *chvVM) done() <-chan struct{} { return c.vm.Done() }
 func (c *chvVM) exitErr() error        { return c.vm.Wait() }
-func (c *chvVM) diag() string          { return diagText(c.vm.Output(), c.console) }
+
+// diag says first whether the guest reset or panicked (the VMM was then
+// stopped), then the VMM's output and the console's tail.
+func (c *chvVM) diag() string {
+	d := diagText(c.vm.Output(), c.console)
+	if err := c.vm.GuestEnd(); err != nil {
+		d = "\nthe guest ended: " + err.Error() + d
+	}
+	return d
+}

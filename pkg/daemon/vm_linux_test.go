@@ -244,6 +244,14 @@ func fakeGuest(g *chvtest.Guest) {
 		for range msgs {
 		}
 		g.Record("paused", g.API.State())
+	case "panic":
+		// The guest kernel panics (panic=-1): Cloud Hypervisor reboots
+		// the VM. The fake keeps this connection open.
+		out(ctrl.Stdout, "about to panic\n")
+		g.Panic()
+		for range msgs {
+		}
+		g.Record("stream", "ended after the panic")
 	case "sigterm":
 		out(ctrl.Stdout, "waiting for the host\n")
 		if waitFor(ctrl.TypeShutdown, 2*time.Minute) == nil {
@@ -341,6 +349,16 @@ type chvRun struct {
 
 func runFakeCHV(t *testing.T, scenario string, cal *calib.Artifact, onOutput string, act func(cancel context.CancelFunc)) *chvRun {
 	t.Helper()
+	r := runFakeCHVErr(t, scenario, cal, onOutput, act)
+	if r.err != nil {
+		t.Fatalf("run: %v\n%s", r.err, r.out.String())
+	}
+	return r
+}
+
+// runFakeCHVErr is runFakeCHV for a run that may fail: r.err is Run's.
+func runFakeCHVErr(t *testing.T, scenario string, cal *calib.Artifact, onOutput string, act func(cancel context.CancelFunc)) *chvRun {
+	t.Helper()
 	testutil.RequireRoot(t)
 	if _, err := os.Stat(fileev.DefaultVirtiofsd); err != nil {
 		if os.Getenv("CARBD_CI") != "" {
@@ -352,15 +370,15 @@ func runFakeCHV(t *testing.T, scenario string, cal *calib.Artifact, onOutput str
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The image the fake boots: its kernel must be an ELF file (the test
-	// binary is one); the initramfs is never read.
+	// The image the fake boots: its kernel must be an ELF file with a PVH
+	// entry note (a stand-in); the initramfs is never read.
 	img := t.TempDir()
 	for name, src := range map[string][]byte{"vmlinuz": []byte("MZ bzImage"), "initramfs.cpio.gz": []byte("initramfs")} {
 		if err := os.WriteFile(filepath.Join(img, name), src, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Symlink(self, filepath.Join(img, "vmlinux")); err != nil {
+	if err := chvtest.WritePVHKernel(filepath.Join(img, "vmlinux")); err != nil {
 		t.Fatal(err)
 	}
 	r := &chvRun{scenario: scenario, id: testutil.UniqueName("v"), state: t.TempDir(), work: workdir(t), imgDir: img,
@@ -391,10 +409,7 @@ func runFakeCHV(t *testing.T, scenario string, cal *calib.Artifact, onOutput str
 	if l, err := chvtest.ReadLog(logPath); err == nil {
 		r.log = l
 	} else {
-		t.Fatalf("the fake's log: %v\n%s", err, r.out.String())
-	}
-	if r.err != nil {
-		t.Fatalf("run: %v\n%s", r.err, r.out.String())
+		t.Fatalf("the fake's log: %v (run: %v)\n%s", err, r.err, r.out.String())
 	}
 	return r
 }
@@ -414,11 +429,13 @@ func (r *chvRun) wantArgv() []string {
 			" carbd.dns=" + p.HostAddr4.Addr().String() + " carbd.fs=work carbd.fsdir=" + r.work + " carbd.vsock=1024",
 		"--cpus", "boot=1",
 		"--memory", "size=512M,shared=on",
-		"--net", "tap=cbh-" + r.id + ",ip=" + p.HostAddr4.Addr().String() + ",mask=255.255.255.252,mac=52:54:00:ca:4b:01",
+		"--net", "tap=cbh-" + r.id + ",mac=52:54:00:ca:4b:01",
 		"--fs", "tag=work,socket=" + d + "/vfs.sock",
 		"--vsock", "cid=3,socket=" + d + "/vsock.sock",
 		"--serial", "file=" + d + "/console.log",
 		"--console", "off",
+		"--event-monitor", "fd=3",
+		"--pvpanic",
 	}
 }
 
@@ -561,6 +578,47 @@ func TestRunCloudHypervisorSIGTERM(t *testing.T) {
 	}
 	if !shutdown {
 		t.Error("the guest got no shutdown")
+	}
+}
+
+// TestRunCloudHypervisorGuestPanic: a guest that panics (panic=-1 makes
+// Cloud Hypervisor reboot it) ends the run with an error naming the
+// reset, from the event monitor, after its hello (the control connection
+// stays open: only the event says the guest is gone) and before it (a
+// crash loop with nothing listening on the vsock: the 5-minute boot
+// timeout is not waited out; the run's context ends after 3 minutes, with
+// another error). The VMM is stopped, the
+// tap removed, nothing staged reaches the working directory.
+func TestRunCloudHypervisorGuestPanic(t *testing.T) {
+	for _, tc := range []struct{ name, boot string }{{"after hello", ""}, {"at boot", "panic"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(chvtest.EnvBoot, tc.boot)
+			r := runFakeCHVErr(t, "panic", nil, "", nil)
+			for _, g := range r.log.Guest {
+				t.Logf("guest %s: %s", g.Kind, g.Value)
+			}
+			t.Logf("requests %q, events %q, exit %q, run: %v", r.log.Requests, r.log.Events, r.log.Exit, r.err)
+			if r.err == nil || !strings.Contains(r.err.Error(), "the guest reset or panicked") || !strings.Contains(r.err.Error(), "guest panic") {
+				t.Fatalf("run: %v, want the guest's panic", r.err)
+			}
+			if diff := cmp.Diff(r.wantArgv(), r.log.Argv); diff != "" {
+				t.Errorf("cloud-hypervisor argv (-want +got):\n%s", diff)
+			}
+			if len(r.log.Violations) > 0 {
+				t.Errorf("contract violations: %q", r.log.Violations)
+			}
+			if r.log.Exit != "vmm.shutdown" {
+				t.Errorf("the fake VMM exited by %q, want vmm.shutdown", r.log.Exit)
+			}
+			// The pvpanic event comes first; carbd's vmm.shutdown may come
+			// before or after the reset's "vm rebooting".
+			if len(r.log.Events) == 0 || r.log.Events[0] != "guest panic" || !slicesContain(r.log.Events, "vmm shutdown") {
+				t.Errorf("events %q", r.log.Events)
+			}
+			if _, err := netlink.LinkByName("cbh-" + r.id); err == nil {
+				t.Errorf("the tap cbh-%s is still there", r.id)
+			}
+		})
 	}
 }
 

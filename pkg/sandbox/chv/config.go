@@ -58,15 +58,17 @@ type Config struct {
 // Net is the guest's network interface on a tap device.
 type Net struct {
 	// Tap is the tap device's name (--net tap=). carbd creates it
-	// beforehand (it attaches its TC program), so Cloud Hypervisor opens
-	// it by name.
+	// beforehand, with its host address and its hooks, so Cloud
+	// Hypervisor opens it by name. No ip=/mask= is given: from v37 Cloud
+	// Hypervisor leaves an existing tap's address alone (open_tap in
+	// net_util/src/open_tap.rs: "Tap ... already exists. IP
+	// configuration will not be overwritten."), so they would do
+	// nothing; up to v36 it set them even on an existing tap (a default
+	// 192.168.249.1/24 without ip=), which is why carbd needs v37 or
+	// later.
 	Tap string
 	// MAC is the guest's MAC address (default 52:54:00:ca:4b:01).
 	MAC net.HardwareAddr
-	// HostAddr, when valid, makes Cloud Hypervisor configure the tap's
-	// own address (ip= and mask=); leave it invalid when the tap already
-	// has its address.
-	HostAddr netip.Prefix
 	// Addr, Gateway and DNS are the guest's addressing, given to the
 	// image's /init on the kernel command line (carbd.ip, carbd.gw,
 	// carbd.dns).
@@ -167,9 +169,6 @@ func (c Config) Validate() error {
 		if len(n.MAC) != 6 || n.MAC[0]&1 != 0 {
 			return fmt.Errorf("chv: config: mac %v is not a unicast MAC address", n.MAC)
 		}
-		if n.HostAddr.IsValid() && !n.HostAddr.Addr().Is4() {
-			return fmt.Errorf("chv: config: host address %v is not IPv4", n.HostAddr)
-		}
 		if !n.Addr.IsValid() || !n.Addr.Addr().Is4() {
 			return fmt.Errorf("chv: config: guest address %v is not an IPv4 prefix", n.Addr)
 		}
@@ -239,11 +238,7 @@ func (c Config) Args() ([]string, error) {
 		"--memory", "size=" + strconv.Itoa(c.MemoryMiB) + "M,shared=on",
 	}
 	if n := c.Net; n != nil {
-		v := "tap=" + n.Tap
-		if n.HostAddr.IsValid() {
-			v += ",ip=" + n.HostAddr.Addr().String() + ",mask=" + net.IP(net.CIDRMask(n.HostAddr.Bits(), 32)).String()
-		}
-		a = append(a, "--net", v+",mac="+n.MAC.String())
+		a = append(a, "--net", "tap="+n.Tap+",mac="+n.MAC.String())
 	}
 	if f := c.FS; f != nil {
 		a = append(a, "--fs", "tag="+f.Tag+",socket="+f.Socket)
@@ -252,6 +247,12 @@ func (c Config) Args() ([]string, error) {
 		"--vsock", "cid="+strconv.FormatUint(uint64(c.Vsock.CID), 10)+",socket="+c.Vsock.Socket,
 		"--serial", "file="+c.SerialLog,
 		"--console", "off",
+		// The events (Start reads them from a pipe): a guest reset or
+		// panic ends the VM (see Event.GuestEnded).
+		"--event-monitor", "fd="+strconv.Itoa(EventMonitorFD),
+		// A panicking guest with a pvpanic driver says so ("guest panic")
+		// before panic=-1 resets it.
+		"--pvpanic",
 	)
 	return append(a, c.ExtraArgs...), nil
 }

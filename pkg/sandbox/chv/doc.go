@@ -8,12 +8,13 @@
 // # What it does
 //
 //   - Config.Args: the cloud-hypervisor argv (pure, golden-tested):
-//     --api-socket path=, --kernel (a PVH vmlinux, not a bzImage),
-//     --initramfs, --cmdline with the image's carbd.* parameters and
-//     carbd.vsock=PORT for the control channel, --cpus boot=,
-//     --memory size=,shared=on (needed by --fs), --net tap=,mac=,
-//     --fs tag=,socket=, --vsock cid=,socket=, --serial file=,
-//     --console off.
+//     --api-socket path=, --kernel (the image's vmlinux, booted through
+//     its PVH entry note), --initramfs, --cmdline with the image's carbd.*
+//     parameters and carbd.vsock=PORT for the control channel, --cpus
+//     boot=, --memory size=,shared=on (needed by --fs), --net tap=,mac=
+//     (the tap carbd created, by name), --fs tag=,socket=, --vsock
+//     cid=,socket=, --serial file=, --console off, --event-monitor fd=3,
+//     --pvpanic.
 //   - Client: the REST API over the Unix socket (HTTP/1.1): GET
 //     vmm.ping and vm.info (200 with JSON), PUT vm.pause, vm.resume,
 //     vm.shutdown, vm.power-button (204, no body) and vmm.shutdown (200
@@ -27,7 +28,13 @@
 //     "OK <hostport>\n"); the guest helper listens on that port
 //     (carbd-guest -vsock-port).
 //   - Start/Stop: run the process, wait until vmm.ping answers; stop
-//     with vmm.shutdown, then SIGTERM, then SIGKILL.
+//     with vmm.shutdown, then SIGTERM, then SIGKILL. Stopping a VMM that
+//     has exited is not an error.
+//   - ReadEvents and VM.Events: the event monitor's records, read from a
+//     pipe (fd 3). A guest reset ("vm rebooting"/"vm rebooted": a kernel
+//     panic under panic=-1 reboots the VM, and Cloud Hypervisor has no
+//     option not to) or a pvpanic report ("guest panic") ends the VM: the
+//     VMM is stopped and Wait, DialCtrl and Start return ErrGuestEnded.
 //
 // # Requirements
 //

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/carbd/carbd/internal/proc"
+	"github.com/carbd/carbd/pkg/sandbox/chv/internal/pvh"
 )
 
 // VM is a running cloud-hypervisor process.
@@ -32,9 +33,15 @@ type VM struct {
 	done chan struct{}
 	err  error // set before done is closed
 
-	mu      sync.Mutex // guards stopped
-	stopped bool
+	mu       sync.Mutex // guards the fields below
+	stopped  bool
+	guestEnd error   // the guest reset or panicked
+	events   []Event // the last maxEvents events
+	evErr    error   // the event stream's error, if it failed
 }
+
+// maxEvents is how many events a VM keeps for Events.
+const maxEvents = 64
 
 var elfMagic = []byte{0x7f, 'E', 'L', 'F'}
 
@@ -48,7 +55,7 @@ func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if err := checkELF(cfg.Kernel); err != nil {
+	if err := checkKernel(cfg.Kernel); err != nil {
 		return nil, err
 	}
 	if _, err := os.Stat(cfg.Initramfs); err != nil {
@@ -66,21 +73,41 @@ func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
 		tail: &proc.Tail{Max: 8192},
 		done: make(chan struct{}),
 	}
+	// The event monitor's pipe: the VMM writes to fd 3 (--event-monitor
+	// fd=3), carbd reads until the VMM has exited.
+	evR, evW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("chv: event monitor: %w", err)
+	}
 	cmd := exec.Command(cfg.Binary, args...)
 	cmd.Stdout = vm.tail
 	cmd.Stderr = vm.tail
+	cmd.ExtraFiles = []*os.File{evW} // fd 3: EventMonitorFD
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	vm.Started = time.Now()
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	evW.Close()
+	if err != nil {
+		evR.Close()
 		return nil, fmt.Errorf("chv: start %s: %w", cfg.Binary, err)
 	}
 	vm.cmd = cmd
+	evDone := make(chan struct{})
+	go func() {
+		defer close(evDone)
+		defer evR.Close()
+		vm.watchEvents(evR)
+	}()
 	go func() {
 		werr := cmd.Wait()
+		<-evDone // every event the VMM wrote is read
 		vm.mu.Lock()
-		stopped := vm.stopped
+		stopped, guestEnd := vm.stopped, vm.guestEnd
 		vm.mu.Unlock()
-		if werr != nil && !stopped {
+		switch {
+		case guestEnd != nil:
+			vm.err = guestEnd
+		case werr != nil && !stopped:
 			vm.err = fmt.Errorf("chv: cloud-hypervisor: %w: %s", werr, bytes.TrimSpace(vm.tail.Bytes()))
 		}
 		close(vm.done)
@@ -107,6 +134,9 @@ func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
 		}
 		select {
 		case <-vm.done:
+			if errors.Is(vm.err, ErrGuestEnded) {
+				return nil, fmt.Errorf("chv: cloud-hypervisor stopped while starting: %w", vm.err)
+			}
 			return nil, fmt.Errorf("chv: cloud-hypervisor exited while starting (%v): %s", cmd.ProcessState, bytes.TrimSpace(vm.tail.Bytes()))
 		case <-wait.Done():
 			return nil, fmt.Errorf("chv: api socket %s: %w (last: %v)", cfg.APISocket, wait.Err(), perr)
@@ -115,15 +145,26 @@ func Start(ctx context.Context, cfg Config) (_ *VM, err error) {
 	}
 }
 
-func checkELF(path string) error {
+// checkKernel checks that the kernel is an ELF vmlinux with a PVH entry
+// note, what carbd boots Cloud Hypervisor with (v48 and later would also
+// load a bzImage; carbd's image gives it the vmlinux).
+func checkKernel(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("chv: kernel: %w", err)
 	}
-	defer f.Close()
 	head := make([]byte, 4)
-	if _, err := io.ReadFull(f, head); err != nil || !bytes.Equal(head, elfMagic) {
-		return fmt.Errorf("chv: kernel %s is not an ELF vmlinux (Cloud Hypervisor boots a PVH vmlinux, not a bzImage: use vmimage/out/vmlinux)", path)
+	_, err = io.ReadFull(f, head)
+	f.Close()
+	if err != nil || !bytes.Equal(head, elfMagic) {
+		return fmt.Errorf("chv: kernel %s is not an ELF vmlinux (carbd boots Cloud Hypervisor through the PVH entry of the image's vmlinux: use vmimage/out/vmlinux)", path)
+	}
+	ok, err := pvh.HasEntry(path)
+	if err != nil {
+		return fmt.Errorf("chv: kernel %s: %w", path, err)
+	}
+	if !ok {
+		return fmt.Errorf("chv: kernel %s has no PVH entry note (Cloud Hypervisor would refuse it: \"Kernel lacks PVH header\"): build the guest kernel with CONFIG_PVH", path)
 	}
 	return nil
 }
@@ -141,12 +182,62 @@ func (vm *VM) DialCtrl(ctx context.Context) (*VsockConn, error) {
 		}
 		select {
 		case <-vm.done:
+			if vm.err != nil {
+				return nil, fmt.Errorf("chv: vm exited: %w", vm.err)
+			}
 			return nil, fmt.Errorf("chv: vm exited: %w", err)
 		case <-ctx.Done():
 			return nil, fmt.Errorf("chv: control port %d: %w (last: %v)", vm.cfg.Vsock.Port, ctx.Err(), err)
 		case <-tick.C:
 		}
 	}
+}
+
+// ErrGuestEnded is the error of a VM whose guest reset or panicked
+// (Event.GuestEnded): Start's VM stops the VMM then, as carbd's guest
+// never reboots; Wait and DialCtrl return it, wrapped with the event.
+var ErrGuestEnded = errors.New("chv: the guest reset or panicked")
+
+// watchEvents reads the event monitor until the VMM closes it; the first
+// event that ends the guest stops the VMM.
+func (vm *VM) watchEvents(r io.Reader) {
+	err := ReadEvents(r, func(e Event) {
+		vm.mu.Lock()
+		if len(vm.events) == maxEvents {
+			vm.events = append(vm.events[:0], vm.events[1:]...)
+		}
+		vm.events = append(vm.events, e)
+		first := e.GuestEnded() && vm.guestEnd == nil
+		if first {
+			vm.guestEnd = fmt.Errorf("%w: event %q at %v (a kernel panic under panic=-1, or a reboot): the VM is stopped", ErrGuestEnded, e.String(), e.Timestamp.Duration())
+		}
+		vm.mu.Unlock()
+		if first {
+			go vm.Stop(context.Background())
+		}
+	})
+	if err != nil {
+		vm.mu.Lock()
+		vm.evErr = err
+		vm.mu.Unlock()
+		io.Copy(io.Discard, r) // never block the VMM's writes
+	}
+}
+
+// GuestEnd is ErrGuestEnded (wrapped, with the event) once the guest has
+// reset or panicked, else nil.
+func (vm *VM) GuestEnd() error {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return vm.guestEnd
+}
+
+// Events returns the last events the VMM reported, and the event
+// stream's error if it was not Cloud Hypervisor's.
+func (vm *VM) Events() ([]Event, error) {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return append([]Event(nil), vm.events...), vm.evErr
 }
 
 // PID is the cloud-hypervisor process id.
@@ -159,7 +250,8 @@ func (vm *VM) Output() []byte { return vm.tail.Bytes() }
 func (vm *VM) Done() <-chan struct{} { return vm.done }
 
 // Wait waits for the process to exit: nil when it exited cleanly (the
-// guest powered off, vmm.shutdown) or Stop ended it.
+// guest powered off, vmm.shutdown) or Stop ended it; ErrGuestEnded
+// (wrapped) when the guest reset or panicked.
 func (vm *VM) Wait() error {
 	<-vm.done
 	return vm.err

@@ -1,30 +1,40 @@
 // Package chvtest is a fake Cloud Hypervisor for tests of code that
 // launches and drives it (pkg/sandbox/chv, the daemon's cloud-hypervisor
 // backend). Cloud Hypervisor cannot be installed on carbd's development
-// machines, so the fake implements its documented contract strictly and
-// records every breach:
+// machines, so the fake models what its code does, release v53 (read at
+// v53.0 and at commit ae44c297 of its main branch; docs/vm.md lists the
+// files and functions), not only what its documents say, and records
+// every request carbd should not make:
 //
-//   - the command line (ParseArgs): the documented options carbd uses with
-//     their key=value syntax (`cloud-hypervisor --help`, docs/fs.md,
-//     docs/vsock.md), the required ones, --fs only with
-//     --memory shared=on, an ELF --kernel;
-//   - the REST API on the --api-socket (API): only the documented
-//     endpoints (vmm.ping, vmm.shutdown, vm.info, vm.pause, vm.resume,
-//     vm.shutdown, vm.power-button) with their methods, no request body,
-//     HTTP/1.1 to host localhost, and the OpenAPI document's status codes
-//     and state machine (vm.shutdown is allowed from Running and Paused);
+//   - the command line (ParseCommandLine): clap's rules for the options
+//     carbd uses (repeatable --net and --fs, with one or more values; any
+//     other option at most once), option_parser's key=value lists (quotes,
+//     brackets, unknown keys refused, the last of a repeated key wins, an
+//     empty value unsets), the values as vmm/src/config.rs converts and
+//     validates them (sizes, toggles, MACs, numbers, queue counts and
+//     sizes, the fs tag's 36 bytes, shared memory for --fs, ip with mask,
+//     vsock cid), the bare --api-socket PATH, and a kernel Vm::load_kernel
+//     would load (an ELF with the PVH note, or a bzImage);
+//   - the REST API on the --api-socket (API): the codes, error bodies and
+//     states of the VMM's handlers (see API);
 //   - the hybrid vsock on the --vsock socket (Vsock): "CONNECT <port>\n"
-//     read exactly, "OK <hostport>\n" for the guest's port, the
-//     connection closed for any other.
+//     read exactly, "OK <hostport>\n" when the guest listens on the port,
+//     the connection closed otherwise;
+//   - the event monitor (--event-monitor fd=N or path=P): the records
+//     event_monitor writes (pretty JSON, a blank line after each) for
+//     boot, pause, resume, shutdown, reset and, with --pvpanic, a guest
+//     panic.
 //
 // Main runs the fake as a process: a test binary re-executes itself with
 // EnvFake=1 and calls Main from TestMain (or an init function). The guest
 // behind the vsock is the caller's GuestFunc. As Cloud Hypervisor does,
 // the process exits when the guest powers off (Guest.PowerOff), on
-// vmm.shutdown and on SIGTERM, and stays up after vm.shutdown. With
-// EnvLog set, it appends what it saw to that file as JSON lines
-// (ReadLog): its argv, every API request, contract violations, vsock
-// handshakes, the guest's records and how it exited.
+// vmm.shutdown and on SIGTERM, stays up after vm.shutdown, and reboots
+// the VM when the guest panics (Guest.Panic; EnvBoot=panic for a guest
+// that panics while booting). With EnvLog set, it appends what it saw to
+// that file as JSON lines (ReadLog): its argv, every API request,
+// violations, vsock handshakes, events, the guest's records and how it
+// exited.
 //
 // Pure Go; it needs nothing but Unix sockets.
 package chvtest
@@ -32,7 +42,6 @@ package chvtest
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -43,6 +52,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/carbd/carbd/pkg/ctrl"
 )
@@ -400,10 +410,15 @@ type Vsock struct {
 	guestPort uint32
 	guest     func(net.Conn, *bufio.Reader)
 	// OnLine, when set, sees each handshake line as it is read.
-	OnLine   func(line string)
-	mu       sync.Mutex
-	lines    []string
-	nextPort uint32
+	// Guarded by mu once the listener runs.
+	OnLine func(line string)
+	// Listening, when set, says whether the guest listens on its port
+	// now; when it does not, a CONNECT to it is closed unanswered.
+	// Guarded by mu once the listener runs.
+	Listening func() bool
+	mu        sync.Mutex
+	lines     []string
+	nextPort  uint32
 }
 
 // StartVsock listens on path; guest serves each accepted connection to
@@ -433,7 +448,7 @@ func (v *Vsock) handle(c net.Conn) {
 	v.lines = append(v.lines, line)
 	v.nextPort++
 	hostPort := v.nextPort
-	onLine := v.OnLine
+	onLine, listeningFn := v.OnLine, v.Listening
 	v.mu.Unlock()
 	if onLine != nil {
 		onLine(line)
@@ -444,7 +459,8 @@ func (v *Vsock) handle(c net.Conn) {
 	}
 	ps, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "CONNECT ")
 	port, perr := strconv.ParseUint(ps, 10, 32)
-	if !ok || perr != nil || strconv.FormatUint(port, 10) != ps || uint32(port) != v.guestPort {
+	listening := listeningFn == nil || listeningFn()
+	if !ok || perr != nil || strconv.FormatUint(port, 10) != ps || uint32(port) != v.guestPort || !listening {
 		c.Close()
 		return
 	}
@@ -462,107 +478,6 @@ func (v *Vsock) Lines() []string {
 // Close stops listening.
 func (v *Vsock) Close() error { return v.ln.Close() }
 
-// Options is a parsed command line: option name -> key -> value ("" is
-// the key of a plain value, e.g. --kernel PATH).
-type Options map[string]map[string]string
-
-// options lists each documented option carbd uses with the keys its
-// value may have ("" for a plain value).
-var options = map[string][]string{
-	"api-socket": {"path"},
-	"kernel":     {""},
-	"initramfs":  {""},
-	"cmdline":    {""},
-	"cpus":       {"boot"},
-	"memory":     {"size", "shared"},
-	"net":        {"tap", "ip", "mask", "mac"},
-	"fs":         {"tag", "socket"},
-	"vsock":      {"cid", "socket"},
-	"serial":     {"file", "off", "null", "tty", "pty"},
-	"console":    {"file", "off", "null", "tty", "pty"},
-}
-
-// ParseArgs parses "--name value" pairs strictly.
-func ParseArgs(args []string) (Options, error) {
-	out := Options{}
-	for i := 0; i < len(args); i += 2 {
-		name, ok := strings.CutPrefix(args[i], "--")
-		keys, known := options[name]
-		if !ok || !known {
-			return nil, fmt.Errorf("unknown argument %q", args[i])
-		}
-		if i+1 >= len(args) {
-			return nil, fmt.Errorf("--%s without a value", name)
-		}
-		if _, dup := out[name]; dup {
-			return nil, fmt.Errorf("--%s given twice", name)
-		}
-		val := args[i+1]
-		kv := map[string]string{}
-		if keys[0] == "" {
-			kv[""] = val
-		} else if (name == "serial" || name == "console") && !strings.Contains(val, "=") {
-			if !contains(keys, val) || val == "file" {
-				return nil, fmt.Errorf("--%s %q", name, val)
-			}
-			kv[val] = ""
-		} else {
-			for _, part := range strings.Split(val, ",") {
-				k, v, ok := strings.Cut(part, "=")
-				if !ok || !contains(keys, k) || v == "" {
-					return nil, fmt.Errorf("--%s: bad option %q", name, part)
-				}
-				if _, dup := kv[k]; dup {
-					return nil, fmt.Errorf("--%s: %s given twice", name, k)
-				}
-				kv[k] = v
-			}
-		}
-		out[name] = kv
-	}
-	for _, req := range []string{"api-socket", "kernel", "memory", "vsock"} {
-		if out[req] == nil {
-			return nil, fmt.Errorf("--%s missing", req)
-		}
-	}
-	if out["fs"] != nil && out["memory"]["shared"] != "on" {
-		return nil, errors.New("--fs needs --memory shared=on")
-	}
-	if n := out["net"]; n != nil {
-		if (n["ip"] == "") != (n["mask"] == "") {
-			return nil, errors.New("--net: ip and mask go together")
-		}
-	}
-	if cid, err := strconv.ParseUint(out["vsock"]["cid"], 10, 32); err != nil || cid < 3 {
-		return nil, fmt.Errorf("--vsock cid %q", out["vsock"]["cid"])
-	}
-	b, err := os.ReadFile(out["kernel"][""])
-	if err != nil || len(b) < 4 || string(b[:4]) != "\x7fELF" {
-		return nil, fmt.Errorf("--kernel %s: not an ELF kernel", out["kernel"][""])
-	}
-	return out, nil
-}
-
-// Cmdline returns the kernel command line's parameters as key -> value
-// ("" for a parameter without "=").
-func (o Options) Cmdline() map[string]string {
-	m := map[string]string{}
-	for _, p := range strings.Fields(o["cmdline"][""]) {
-		k, v, _ := strings.Cut(p, "=")
-		m[k] = v
-	}
-	return m
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
-}
-
 // Guest is the guest side of one control connection.
 type Guest struct {
 	// Conn is the control channel (the host's end is its ctrl.Conn).
@@ -570,23 +485,34 @@ type Guest struct {
 	// Opts is the VMM's parsed command line.
 	Opts Options
 	// API is the VMM's API (its state says whether the VM is paused).
-	API *API
-	rec func(kind string, v any)
-	off func()
+	API   *API
+	rec   func(kind string, v any)
+	off   func()
+	reset func(panicked bool)
 }
 
 // Record appends {kind: v} to the fake's log.
 func (g *Guest) Record(kind string, v any) { g.rec(kind, v) }
 
-// PowerOff ends the VMM as a guest power-off does: the process exits 0.
+// PowerOff ends the VMM as a guest power-off does: the VM is shut down
+// and deleted ("vm shutdown", "vm deleted", "vmm shutdown") and the
+// process exits 0.
 func (g *Guest) PowerOff() { g.off() }
+
+// Panic plays a kernel panic under panic=-1: the pvpanic device reports
+// it ("guest panic", with --pvpanic), then the guest resets and Cloud
+// Hypervisor reboots the VM ("vm rebooting", "vm rebooted"). The fake
+// keeps the control connection open (the worst case: only the events
+// tell the host the guest it talked to is gone) and the VMM running.
+func (g *Guest) Panic() { g.reset(true) }
 
 // GuestFunc plays the guest on a control connection.
 type GuestFunc func(*Guest)
 
 // EchoGuest says hello, answers the task with a result echoing its text
 // ("did: TEXT"), and returns at the host's shutdown or the end of the
-// stream, leaving the VM running.
+// stream, leaving the VM running. A task text "panic" makes it panic
+// after its hello instead (Guest.Panic) and wait for the stream's end.
 func EchoGuest(g *Guest) {
 	if g.Conn.Send(&ctrl.Hello{Version: ctrl.Version}) != nil {
 		return
@@ -598,6 +524,10 @@ func EchoGuest(g *Guest) {
 		}
 		switch m := m.(type) {
 		case *ctrl.Task:
+			if m.Text == "panic" {
+				g.Panic()
+				continue
+			}
 			g.Conn.Send(&ctrl.Started{PID: 1})
 			g.Conn.Send(&ctrl.Result{Status: 0, Text: "did: " + m.Text})
 		case *ctrl.Shutdown:
@@ -606,8 +536,61 @@ func EchoGuest(g *Guest) {
 	}
 }
 
+// EnvBoot, set to "panic" in the fake's environment, makes its guest
+// panic while it boots, before anything listens on the vsock, over and
+// over (each reboot panics again), as a guest whose kernel or /init
+// crashes does under panic=-1.
+const EnvBoot = "CARBD_FAKE_CHV_BOOT"
+
+// eventWriter writes event-monitor records as Cloud Hypervisor does
+// (event_log and start_event_monitor_thread): pretty-printed JSON, then
+// a blank line.
+type eventWriter struct {
+	mu    sync.Mutex
+	w     io.Writer
+	start time.Time
+}
+
+func (e *eventWriter) write(source, event string, props map[string]string) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d := time.Since(e.start)
+	var p any
+	if props != nil {
+		p = props
+	}
+	b, _ := json.MarshalIndent(map[string]any{
+		"timestamp":  map[string]any{"secs": uint64(d / time.Second), "nanos": uint32(d % time.Second)},
+		"source":     source,
+		"event":      event,
+		"properties": p,
+	}, "", "  ")
+	e.w.Write(append(b, '\n', '\n'))
+}
+
+// openEventMonitor opens --event-monitor's target: fd=N (inherited) or
+// path=P (created, truncated).
+func openEventMonitor(spec string) (io.WriteCloser, error) {
+	if v, ok := strings.CutPrefix(spec, "fd="); ok {
+		fd, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, err
+		}
+		f := os.NewFile(uintptr(fd), "event-monitor")
+		if _, err := f.Stat(); err != nil {
+			return nil, fmt.Errorf("event monitor fd %d: %w", fd, err)
+		}
+		return f, nil
+	}
+	return os.OpenFile(strings.TrimPrefix(spec, "path="), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+}
+
 // Main is the fake cloud-hypervisor process: it parses args, serves the
-// API and the vsock with guest behind it, and returns the exit status.
+// API and the vsock with guest behind it, writes the event monitor, and
+// returns the exit status.
 func Main(args []string, guest GuestFunc) int {
 	var logMu sync.Mutex
 	var logFile *os.File
@@ -633,24 +616,45 @@ func Main(args []string, guest GuestFunc) int {
 		logFile.Write(append(b, '\n'))
 	}
 	rec("argv", args)
-	opts, err := ParseArgs(args)
+	cl, err := ParseCommandLine(args)
 	if err != nil {
 		rec("violation", "command line: "+err.Error())
 		rec("exit", "refused its command line")
 		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor:", err)
 		return 1
 	}
+	opts := cl.Opts
+	var events *eventWriter
+	if cl.EventMonitor != "" {
+		w, err := openEventMonitor(cl.EventMonitor)
+		if err != nil {
+			rec("violation", "--event-monitor: "+err.Error())
+			fmt.Fprintln(os.Stderr, "fake cloud-hypervisor:", err)
+			return 1
+		}
+		defer w.Close()
+		events = &eventWriter{w: w, start: time.Now()}
+	}
+	_, pvpanic := opts["pvpanic"]
 	exit := make(chan string, 3)
 	api := NewAPI(true)
 	api.OnRequest = func(line string) { rec("request", line) }
 	api.OnViolation = func(msg string) { rec("violation", msg) }
 	api.OnVMMShutdown = func() { exit <- "vmm.shutdown" }
-	ln, err := net.Listen("unix", opts["api-socket"]["path"])
+	api.OnEvent = func(source, event string) {
+		rec("event", source+" "+event)
+		events.write(source, event, nil)
+	}
+	ln, err := net.Listen("unix", cl.APISocket)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor:", err)
 		return 1
 	}
 	defer ln.Close()
+	// The VM on the command line is created and booted (vm_create,
+	// vm_boot) before the API serves.
+	events.write("vm", "booting", nil)
+	events.write("vm", "booted", nil)
 	go http.Serve(ln, api)
 	port := uint32(DefaultCtrlPort)
 	if v, ok := opts.Cmdline()["carbd.vsock"]; ok {
@@ -659,6 +663,25 @@ func Main(args []string, guest GuestFunc) int {
 			rec("violation", "carbd.vsock="+v)
 		}
 		port = uint32(n)
+	}
+	reset := func(panicked bool) {
+		if panicked && pvpanic {
+			rec("event", "guest panic")
+			events.write("guest", "panic", map[string]string{"event": "panic"})
+		}
+		api.GuestReset()
+	}
+	bootPanic := os.Getenv(EnvBoot) == "panic"
+	if bootPanic {
+		// A crash loop: each boot panics again, the first some time
+		// after the VMM started (the kernel boots for a while).
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			for {
+				reset(true)
+				time.Sleep(200 * time.Millisecond)
+			}
+		}()
 	}
 	var offOnce sync.Once
 	vs, err := StartVsock(opts["vsock"]["socket"], port, func(c net.Conn, r *bufio.Reader) {
@@ -669,7 +692,13 @@ func Main(args []string, guest GuestFunc) int {
 				io.Writer
 			}{r, c}),
 			Opts: opts, API: api, rec: rec,
-			off: func() { offOnce.Do(func() { exit <- "guest power-off" }) },
+			off: func() {
+				offOnce.Do(func() {
+					api.GuestPowerOff()
+					exit <- "guest power-off"
+				})
+			},
+			reset: reset,
 		}
 		guest(g)
 	})
@@ -677,7 +706,11 @@ func Main(args []string, guest GuestFunc) int {
 		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor:", err)
 		return 1
 	}
+	vs.mu.Lock() // the listener is already accepting
 	vs.OnLine = func(line string) { rec("vsock", line) }
+	// Nothing listens in a guest that never finishes booting.
+	vs.Listening = func() bool { return !bootPanic }
+	vs.mu.Unlock()
 	defer vs.Close()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM)
@@ -696,6 +729,7 @@ type Log struct {
 	Requests   []string // "METHOD /api/v1/endpoint"
 	Violations []string
 	Vsock      []string // handshake lines
+	Events     []string // the event-monitor events, "source event"
 	Exit       string   // vmm.shutdown, guest power-off, SIGTERM, ...
 	// Guest holds the guest's records in order.
 	Guest []Record
@@ -727,7 +761,7 @@ func ReadLog(path string) (*Log, error) {
 			switch k {
 			case "argv":
 				err = json.Unmarshal(v, &l.Argv)
-			case "request", "violation", "vsock", "exit":
+			case "request", "violation", "vsock", "exit", "event":
 				err = json.Unmarshal(v, &s)
 				switch k {
 				case "request":
@@ -738,6 +772,8 @@ func ReadLog(path string) (*Log, error) {
 					l.Vsock = append(l.Vsock, s)
 				case "exit":
 					l.Exit = s
+				case "event":
+					l.Events = append(l.Events, s)
 				}
 			default:
 				l.Guest = append(l.Guest, Record{Kind: k, Value: v})
