@@ -49,13 +49,18 @@ func reasonKind(err error) string {
 
 // segKey describes an effect with everything the invariance covers.
 func segKey(c *client, e *Effect) string {
-	ev := e.Event()
 	end := int64(-1)
 	if e.Span == SpanBytes {
 		end = int64(e.End - c.seq(0))
 	}
+	return effectString(e, int64(e.Seq-c.seq(0)), end)
+}
+
+// effectString describes an effect covering stream bytes [start, end).
+func effectString(e *Effect, start, end int64) string {
+	ev := e.Event()
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%s %s %v [%d,%d) reason=%q", ev.Op, ev.Obj, e.Span, e.Seq-c.seq(0), end, reasonKind(e.Opaque))
+	fmt.Fprintf(&sb, "%s %s %v [%d,%d) reason=%q", ev.Op, ev.Obj, e.Span, start, end, reasonKind(e.Opaque))
 	opaqueStream := e.Kind == KindTCPOpaque
 	if !opaqueStream {
 		fmt.Fprintf(&sb, " content=%q", ev.Content)

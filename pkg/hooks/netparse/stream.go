@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
-
-	"github.com/carbd/carbd/pkg/hooks/netparse/http1"
 )
 
 // flowKey is a TCP (or UDP) 4-tuple, client to server.
@@ -54,15 +52,12 @@ type flow struct {
 	// end carbd did not buffer.
 	skipping         bool
 	skipFrom, skipTo uint32
-	req              reqScan
+	http             httpFramer
 	hello            helloScan
-	headCopy         []byte
-	// httpSeen: a request of this connection was framed.
-	httpSeen       bool
-	fin            bool
-	finSeq         uint32
-	last, progress time.Time
-	inTrims, dead  bool
+	fin              bool
+	finSeq           uint32
+	last, progress   time.Time
+	inTrims, dead    bool
 }
 
 func (f *flow) rel(seq uint32) int { return int(int32(seq - f.base)) }
@@ -487,7 +482,7 @@ func (p *Parser) step(f *flow, b []byte, atFin bool, now time.Time, res *Result)
 		}
 		return true
 	case modeHTTP:
-		st, n, err := f.req.advance(b, &p.cfg, &p.scratch)
+		st, n, err := f.http.req.advance(b, &p.cfg, &p.scratch)
 		switch st {
 		case scanMore:
 			if atFin {
@@ -507,7 +502,7 @@ func (p *Parser) step(f *flow, b []byte, atFin bool, now time.Time, res *Result)
 			p.opaque(f, b, ErrOversized, now, res)
 			return false
 		}
-		if !f.httpSeen && errors.Is(err, errRequestLine) {
+		if !f.http.seen && errors.Is(err, errRequestLine) {
 			// The connection's first bytes looked like the start of a
 			// request and turned out not to be one: another protocol,
 			// as when all of them arrive at once.
@@ -584,77 +579,29 @@ func (p *Parser) opaque(f *flow, b []byte, why error, now time.Time, res *Result
 // when an oversized chunked body has no known end).
 func (p *Parser) emitHTTP(f *flow, b []byte, n int64, big bool, now time.Time, res *Result) {
 	e := p.streamEffect(f, KindHTTP, now, res)
-	r := &e.HTTP
-	s := &f.req
-	var err error
-	if s.bodyOnly {
-		err = parseHead(f.headCopy, r)
-		r.BodyOnly = true
-	} else {
-		err = parseHead(b[s.lead:s.headLen], r)
-	}
-	if err != nil { // it parsed when the scan saw it; a failure here is a bug
-		e.Kind, e.Span, e.Opaque = KindTCPOpaque, SpanOpen, err
-		e.Content = b[:min(len(b), p.cfg.MaxOpaqueBytes)]
-		f.mode = modeOpen
-		return
-	}
-	body := b[s.headLen:]
-	switch s.framing {
-	case frameLength:
-		avail := min(int64(len(body)), s.length, int64(p.cfg.MaxBodyBytes))
-		r.Body, r.BodyLen = body[:avail], s.length
-		r.Truncated = s.length > int64(p.cfg.MaxBodyBytes)
-	case frameChunked:
-		var c http1.Chunked
-		end, _, _ := chunkedBody(&c, body, &e.body, &p.cfg)
-		r.Body, r.BodyLen, r.Chunked = e.body, c.Decoded, true
-		r.Truncated = big
-		if end >= 0 {
-			trailers(body[c.TrailerAt:end], r)
-		}
-	}
-	e.Content = r.Body
-	if big || r.Truncated {
-		e.Opaque = ErrOversized
-	}
-	switch {
-	case s.tunnel:
-		e.Span, e.Opaque, r.Tunnel = SpanOpen, ErrOpaqueTunnel, true
-		f.mode = modeOpen
-	case n < 0:
+	p.cover(f, e, b, f.http.fillRequest(e, b, n, big, &p.cfg))
+}
+
+// emitHead returns a request's head as its own effect; its body follows as
+// another (Expect: 100-continue, or a body late past PendingTimeout).
+func (p *Parser) emitHead(f *flow, b []byte, now time.Time, res *Result) {
+	e := p.streamEffect(f, KindHTTP, now, res)
+	p.cover(f, e, b, f.http.fillHead(e, b, &p.cfg))
+}
+
+// cover gives e the bytes it covers: n from next, or the rest of the
+// connection when n < 0.
+func (p *Parser) cover(f *flow, e *Effect, b []byte, n int64) {
+	if n < 0 {
 		e.Span = SpanOpen
 		f.mode = modeOpen
-	default:
+	} else {
 		e.Span, e.End = SpanBytes, f.next+uint32(n)
 		if n > int64(len(b)) {
 			f.skipping, f.skipFrom, f.skipTo = true, f.next, e.End
 		}
 		f.next = e.End
 	}
-	f.req = reqScan{}
-	f.httpSeen = true
-	p.scheduleTrim(f)
-}
-
-// emitHead returns a request's head as its own effect; its body follows as
-// another (Expect: 100-continue, or a body late past PendingTimeout).
-func (p *Parser) emitHead(f *flow, b []byte, now time.Time, res *Result) {
-	s := &f.req
-	e := p.streamEffect(f, KindHTTP, now, res)
-	r := &e.HTTP
-	if err := parseHead(b[s.lead:s.headLen], r); err != nil {
-		e.Kind, e.Span, e.Opaque = KindTCPOpaque, SpanOpen, err
-		f.mode = modeOpen
-		return
-	}
-	r.HeadOnly = true
-	r.BodyLen, r.Chunked = s.length, s.framing == frameChunked
-	e.Span, e.End = SpanBytes, f.next+uint32(s.headLen)
-	f.headCopy = append(f.headCopy[:0], b[s.lead:s.headLen]...)
-	f.next = e.End
-	s.bodyOnly, s.expect, s.headLen, s.lead, s.lineAt, s.seen = true, false, 0, 0, 0, 0
-	f.httpSeen = true
 	p.scheduleTrim(f)
 }
 
@@ -665,7 +612,7 @@ func (p *Parser) flush(f *flow, now time.Time, res *Result, why error) {
 		return
 	}
 	b := f.buf[n:ce]
-	if f.mode == modeHTTP && f.req.headLen > 0 && !f.req.bodyOnly {
+	if f.mode == modeHTTP && f.http.req.headLen > 0 && !f.http.req.bodyOnly {
 		p.emitHead(f, b, now, res)
 	} else {
 		p.opaque(f, b, why, now, res)
