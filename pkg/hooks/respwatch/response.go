@@ -332,6 +332,16 @@ func (r *reader) headBytes(b []byte) (int, bool, error) {
 			i-- // rescan c as the start of a line
 		}
 	}
+	if len(r.head) < len("HTTP/1.") {
+		// The status line's start is checked before the size, so that
+		// the verdict on a long head does not depend on its segments.
+		var p [len("HTTP/1.")]byte
+		k := copy(p[:], r.head)
+		k += copy(p[k:], b[start:i])
+		if !httpPrefix(p[:k]) {
+			return i, false, fmt.Errorf("%w: status line %q", ErrHTTP, p[:k])
+		}
+	}
 	if len(r.head)+i-start > r.cfg.MaxHeaderBytes {
 		return i, false, fmt.Errorf("%w: more than %d bytes", ErrHeadTooBig, r.cfg.MaxHeaderBytes)
 	}
