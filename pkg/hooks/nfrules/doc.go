@@ -30,6 +30,18 @@
 // CARBD-<id>-F and CARBD-<id>-I, jumped to from position 1 of FORWARD and
 // INPUT. Detect probes which (the kernels of our CI lack nft_queue).
 //
+// # Masquerading
+//
+// BuildNAT makes the NAT plan of a sandbox whose egress leaves through the
+// host's routes: tables ip/ip6 carbd-nat-<id> masquerading its subnets on
+// every interface but its own, and the forwarding sysctls it needs.
+// ApplyNAT installs it (netlink, one transaction) and returns the undo.
+// Forwarding is set only when it is off, and reference counted across
+// sandboxes and processes in a state directory (DefaultSysctlDir; a lock
+// file, the value found, one file per holder with its pid): the last
+// sandbox to end puts back the value it found, unless someone changed it
+// meanwhile. Holders that died are pruned by pid.
+//
 // # Requirements
 //
 // Linux, root (CAP_NET_ADMIN); for the xtables backend the iptables
@@ -46,5 +58,9 @@
 // carbd's, a misplaced jump, removal. Detect is checked against the nft
 // tool; the native backend's table, built through netlink, is compared
 // with its nft script as the kernel lists it (on kernels without
-// nft_queue, with the queue rules as drops).
+// nft_queue, with the queue rules as drops). The NAT plan is golden text
+// too; in a throwaway namespace its script passes nft -c, forwarding is
+// restored once the last of two sandboxes ends (and left on when it was
+// on, and not held by a dead holder), and a guest's connection reaches the
+// world from the router's address.
 package nfrules
