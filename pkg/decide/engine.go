@@ -79,6 +79,16 @@ type Engine struct {
 	loc       map[string]Label
 	scope     *scope
 	nextScope uint64
+	// resolving is set while the open scope's resolution waits for the
+	// oracle with mu released; idle is signalled when it ends. Effects
+	// that must resolve a scope first (a state-changing or deferred
+	// request) wait for it; staged writes are held in next, the scope
+	// that opens when the resolution ends; everything else (reads,
+	// released and refused requests) is decided meanwhile, so one open
+	// question never stalls the other effects (Guarantee 5).
+	resolving bool
+	idle      *sync.Cond
+	next      *scope
 	stopped   *Decision    // the ledger stop, once the episode is stopped
 	trace     []traceEntry // a ring; traceHead is its oldest entry once full
 	traceHead int
@@ -142,9 +152,20 @@ func New(p *Policy, opt Options) *Engine {
 		opCache:   map[string]*OpSpec{},
 		audit:     newAuditor(opt.Audit),
 	}
+	e.idle = sync.NewCond(&e.mu)
 	e.policy.Store(p)
 	e.seedPolicy(p)
 	return e
+}
+
+// resolvesScope reports whether a decision must resolve an open scope
+// before it takes effect: a state-changing request, or a deferred effect
+// that is not a staged write.
+func resolvesScope(d *Decision) bool {
+	if d.Kind == Stageable {
+		return false
+	}
+	return d.Verdict == Defer || (d.Verdict == Release && d.Kind == Stallable)
 }
 
 func (e *Engine) seedPolicy(p *Policy) {
@@ -263,11 +284,13 @@ func (e *Engine) recent(n int) []traceEntry {
 }
 
 // locationLabel returns the label of a path the agent wrote: the open
-// scope's label first, then the committed one.
+// scopes' labels first (the newest wins), then the committed one.
 func (e *Engine) locationLabel(path string) (Label, bool) {
-	if e.scope != nil {
-		if l, ok := e.scope.loc[path]; ok {
-			return l, true
+	for _, sc := range []*scope{e.next, e.scope} {
+		if sc != nil {
+			if l, ok := sc.loc[path]; ok {
+				return l, true
+			}
 		}
 	}
 	if l, ok := e.loc[path]; ok {
@@ -318,16 +341,18 @@ func (e *Engine) ScopeOpen() uint64 {
 	return e.scope.id
 }
 
-// Held returns the decisions held in the open scope.
+// Held returns the decisions held in the open scope, and in the scope
+// that opens after it while it is being resolved.
 func (e *Engine) Held() []Decision {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.scope == nil {
-		return nil
-	}
-	out := make([]Decision, len(e.scope.held))
-	for i, d := range e.scope.held {
-		out[i] = *d
+	var out []Decision
+	for _, sc := range []*scope{e.scope, e.next} {
+		if sc != nil {
+			for _, d := range sc.held {
+				out = append(out, *d)
+			}
+		}
 	}
 	return out
 }
@@ -348,9 +373,18 @@ func (e *Engine) Propose(ctx context.Context, ev Event) Result {
 	}
 	e.stats.Proposed++
 	evp := &ev
-	d := e.evaluate(p, evp)
-	if e.opt.Calibration != nil {
-		d = e.applyCRC(p, evp, e.opSpec(p, evp.Op), d)
+	var d Decision
+	for {
+		d = e.evaluate(p, evp)
+		if e.opt.Calibration != nil {
+			d = e.applyCRC(p, evp, e.opSpec(p, evp.Op), d)
+		}
+		if !e.resolving || !resolvesScope(&d) {
+			break
+		}
+		// A scope is being resolved: wait, then decide again on the
+		// state it leaves (an abort rolls T back).
+		e.idle.Wait()
 	}
 	if e.stopped != nil && d.Verdict != Refuse {
 		d = Decision{Seq: ev.Seq, Verdict: Refuse, Layer: LayerLedger, Kind: d.Kind, Policy: d.Policy,
@@ -375,18 +409,24 @@ func (e *Engine) Propose(ctx context.Context, ev Event) Result {
 		case e.scope != nil && d.Kind == Stallable:
 			// A state-changing request may build on speculative state:
 			// the scope resolves before it becomes irreversible.
-			res.Resolutions = append(res.Resolutions, e.resolveLocked(ctx, "state-changing request #"+fmt.Sprint(ev.Seq)))
+			if r, ok := e.resolveLocked(ctx, "state-changing request #"+fmt.Sprint(ev.Seq)); ok {
+				res.Resolutions = append(res.Resolutions, r)
+			}
 		}
 	case Defer:
 		switch d.Kind {
 		case Blocking:
 			if e.scope != nil {
-				res.Resolutions = append(res.Resolutions, e.resolveLocked(ctx, "deferred blocking request #"+fmt.Sprint(ev.Seq)))
+				if r, ok := e.resolveLocked(ctx, "deferred blocking request #"+fmt.Sprint(ev.Seq)); ok {
+					res.Resolutions = append(res.Resolutions, r)
+				}
 			}
 			e.decideBlockingLocked(ctx, &d)
 		case Stallable:
 			if e.scope != nil {
-				res.Resolutions = append(res.Resolutions, e.resolveLocked(ctx, "further effect needs holding #"+fmt.Sprint(ev.Seq)))
+				if r, ok := e.resolveLocked(ctx, "further effect needs holding #"+fmt.Sprint(ev.Seq)); ok {
+					res.Resolutions = append(res.Resolutions, r)
+				}
 			}
 			e.holdLocked(&d, "")
 		default: // Stageable: staged writes share the scope's upper layer
@@ -420,24 +460,32 @@ func (e *Engine) count(v Verdict) {
 }
 
 // holdLocked puts a decision into the open scope, opening one if needed.
+// While the open scope is being resolved, only staged writes arrive here
+// (everything else waits for the resolution); they are held in the scope
+// that opens when it ends.
 func (e *Engine) holdLocked(d *Decision, code string) {
-	if e.scope == nil {
+	at := &e.scope
+	if e.resolving {
+		at = &e.next
+	}
+	if *at == nil {
 		e.nextScope++
 		e.stats.Scopes++
-		e.scope = &scope{id: e.nextScope, opened: e.opt.Now(), tLen: e.trusted.Len(), loc: map[string]Label{}}
+		*at = &scope{id: e.nextScope, opened: e.opt.Now(), tLen: e.trusted.Len(), loc: map[string]Label{}}
 	}
+	sc := *at
 	if code != "" {
 		d.Reason = Reason{Code: code}
 		d.Layer = LayerScope
-		d.Justification = fmt.Sprintf("admissible by policy, held with open speculative scope %d", e.scope.id)
+		d.Justification = fmt.Sprintf("admissible by policy, held with open speculative scope %d", sc.id)
 	}
 	d.Verdict = Defer
-	d.Scope = e.scope.id
+	d.Scope = sc.id
 	if d.Kind == Stageable {
-		e.labelWritesLocked(d, e.scope.loc)
+		e.labelWritesLocked(d, sc.loc)
 	}
 	cp := *d
-	e.scope.held = append(e.scope.held, &cp)
+	sc.held = append(sc.held, &cp)
 }
 
 // labelWritesLocked records, for every path a stageable effect writes,
@@ -487,7 +535,28 @@ func (e *Engine) askOracleLocked(ctx context.Context, ds []*Decision) map[uint64
 		ctx, cancel = context.WithTimeout(ctx, e.opt.OracleTimeout)
 		defer cancel()
 	}
+	// The oracle may take long (an operator, a language model): the
+	// engine's lock is released meanwhile, so other effects are decided
+	// (Guarantee 5). Callers keep the state the answer applies to stable:
+	// a scope under resolution admits no effect (resolving), and a
+	// blocking effect is in no scope. While a scope resolves, T is seen
+	// as it was when the scope opened, so no effect decided meanwhile
+	// builds on values an abort would roll back.
+	if e.resolving && e.scope != nil {
+		e.trusted.Hide(e.scope.tLen)
+	}
+	e.mu.Unlock()
 	answers, err := e.opt.Oracle.Decide(ctx, view)
+	e.mu.Lock()
+	e.trusted.Hide(-1)
+	if e.stopped != nil {
+		// The ledger gate stopped the episode while the oracle answered:
+		// nothing asked about may be released any more.
+		for _, d := range ds {
+			out[d.Seq] = finalAnswer{Verdict: Refuse, code: CodeEpisodeStopped, justification: "the episode was stopped by the ledger gate at #" + fmt.Sprint(e.stopped.Seq) + " while the oracle was asked"}
+		}
+		return out
+	}
 	if err != nil {
 		e.stats.OracleErr++
 		for _, d := range ds {
@@ -521,10 +590,10 @@ func oneLine(s string) string {
 func (e *Engine) Resolve(ctx context.Context, trigger string) *Resolution {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.scope == nil {
+	r, ok := e.resolveLocked(ctx, trigger)
+	if !ok {
 		return nil
 	}
-	r := e.resolveLocked(ctx, trigger)
 	return &r
 }
 
@@ -533,8 +602,21 @@ func (e *Engine) Finish(ctx context.Context) *Resolution {
 	return e.Resolve(ctx, "end of task")
 }
 
-func (e *Engine) resolveLocked(ctx context.Context, trigger string) Resolution {
+// resolveLocked resolves the open scope; it reports false when there is
+// none (another caller may have resolved it while this one waited).
+func (e *Engine) resolveLocked(ctx context.Context, trigger string) (Resolution, bool) {
+	for e.resolving {
+		e.idle.Wait()
+	}
 	sc := e.scope
+	if sc == nil {
+		return Resolution{}, false
+	}
+	e.resolving = true
+	defer func() {
+		e.resolving = false
+		e.idle.Broadcast()
+	}()
 	r := Resolution{Scope: sc.id, Trigger: trigger, Time: e.opt.Now()}
 	var ask []*Decision
 	for _, d := range sc.held {
@@ -585,6 +667,16 @@ func (e *Engine) resolveLocked(ctx context.Context, trigger string) Resolution {
 		r.Notice = AbortNotice(r.Refused())
 	}
 	e.audit.resolution(&r)
-	e.scope = nil
-	return r
+	e.openNextLocked(sc.tLen)
+	return r, true
+}
+
+// openNextLocked ends the resolved scope: the scope that collected staged
+// writes during the resolution, if any, becomes the open one. T may have
+// been rolled back to tLen, below the mark the next scope took.
+func (e *Engine) openNextLocked(tLen int) {
+	e.scope, e.next = e.next, nil
+	if e.scope != nil && e.scope.tLen > e.trusted.Len() {
+		e.scope.tLen = min(tLen, e.trusted.Len())
+	}
 }

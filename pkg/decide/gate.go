@@ -111,6 +111,9 @@ func (e *Engine) ledgerGateLocked(ctx context.Context, p *Policy, ev *Event, d *
 	d.Justification = fmt.Sprintf("ledger gate score %.2f reached the calibrated stop threshold %.2f (%s): the episode is stopped", s, lambda, chain)
 	stop := *d
 	e.stopped = &stop
+	for e.resolving {
+		e.idle.Wait()
+	}
 	if e.scope == nil {
 		return nil, true
 	}
@@ -129,6 +132,7 @@ func (e *Engine) ledgerGateLocked(ctx context.Context, p *Policy, ev *Event, d *
 	r.Notice = AbortNotice(r.Refused())
 	e.stats.Aborted++
 	e.audit.resolution(&r)
+	// No resolution is under way (waited for above), so no next scope.
 	e.scope = nil
 	return []Resolution{r}, true
 }

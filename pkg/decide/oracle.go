@@ -13,8 +13,10 @@ import (
 // Oracle decides effects the policy deferred (Kairos §III-C). It is asked
 // only about deferred effects, and the engine enforces that bound: an
 // answer about any other effect is ignored, a missing answer refuses, and
-// any error refuses every effect asked about. Implementations must be safe
-// for use by one goroutine at a time (the engine serialises calls).
+// any error refuses every effect asked about. The engine does not hold
+// its lock while the oracle answers, so Decide may be called by several
+// goroutines at once (a scope's resolution and a blocking request):
+// implementations must be safe for concurrent use.
 type Oracle interface {
 	Name() string
 	Decide(ctx context.Context, v *View) ([]OracleAnswer, error)

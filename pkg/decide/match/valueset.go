@@ -19,6 +19,26 @@ type ValueSet struct {
 	idx    map[string]int32 // normalised value -> position in vals
 	vals   []string         // normalised values, in order of first Add
 	origin []string         // origin of vals[i]
+	// hide, when positive, hides every value at position hide-1 or
+	// later from Contains, Origin and All (see Hide).
+	hide int
+}
+
+// Hide makes the set answer as if it held only its first n values until
+// Hide(-1): values added meanwhile are kept but not seen. The engine uses
+// it while a speculative scope is being resolved, so effects decided in
+// the meantime cannot build on values the scope may still roll back.
+func (v *ValueSet) Hide(n int) {
+	if n < 0 {
+		v.hide = 0
+		return
+	}
+	v.hide = n + 1
+}
+
+// visible reports whether the value at position i is seen.
+func (v *ValueSet) visible(i int32) bool {
+	return v.hide == 0 || int(i) < v.hide-1
 }
 
 // Add adds values with their origin. A value already in the set keeps its
@@ -77,15 +97,15 @@ func (v *ValueSet) lookup(x string) (int32, bool) {
 
 // Contains reports D(x, T): whether Norm(x) is a value of the set.
 func (v *ValueSet) Contains(x string) bool {
-	_, ok := v.lookup(x)
-	return ok
+	i, ok := v.lookup(x)
+	return ok && v.visible(i)
 }
 
 // Origin returns the origin the value equal to x after Norm was first
 // added from.
 func (v *ValueSet) Origin(x string) (string, bool) {
 	i, ok := v.lookup(x)
-	if !ok {
+	if !ok || !v.visible(i) {
 		return "", false
 	}
 	return v.origin[i], true
@@ -100,7 +120,7 @@ func (v *ValueSet) Len() int { return len(v.vals) }
 func (v *ValueSet) All() iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
 		for i, val := range v.vals {
-			if !yield(val, v.origin[i]) {
+			if !v.visible(int32(i)) || !yield(val, v.origin[i]) {
 				return
 			}
 		}

@@ -108,3 +108,32 @@ func TestValueSetContainsDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+func TestValueSetHide(t *testing.T) {
+	var v ValueSet
+	v.Add("a", "one", "two")
+	v.Hide(1)
+	v.Add("b", "three")
+	for _, c := range []struct {
+		x    string
+		want bool
+	}{{"one", true}, {"two", false}, {"three", false}} {
+		if got := v.Contains(c.x); got != c.want {
+			t.Errorf("hidden: Contains(%q) = %v, want %v", c.x, got, c.want)
+		}
+	}
+	if _, ok := v.Origin("two"); ok {
+		t.Error("hidden: Origin found a hidden value")
+	}
+	n := 0
+	for range v.All() {
+		n++
+	}
+	if n != 1 || v.Len() != 3 {
+		t.Errorf("hidden: All yielded %d, Len %d; want 1 and 3", n, v.Len())
+	}
+	v.Hide(-1)
+	if !v.Contains("two") || !v.Contains("three") {
+		t.Error("Hide(-1) did not show every value again")
+	}
+}
