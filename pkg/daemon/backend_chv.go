@@ -35,7 +35,7 @@ func (chvLauncher) check(cfg *VMConfig) []error {
 	}
 	var errs []error
 	if _, err := lookBinary(cfg.Binary); err != nil {
-		errs = append(errs, fmt.Errorf("Cloud Hypervisor is missing (%s: %v): install its release binary (cloud-hypervisor-static from https://github.com/cloud-hypervisor/cloud-hypervisor/releases) or the distribution's cloud-hypervisor package, or give its path; on hosts without it use --backend qemu", cfg.Binary, err))
+		errs = append(errs, fmt.Errorf("the cloud-hypervisor binary is missing (%s: %v): install Cloud Hypervisor's release binary (cloud-hypervisor-static from https://github.com/cloud-hypervisor/cloud-hypervisor/releases) or the distribution's cloud-hypervisor package, or give its path; on hosts without it use --backend qemu", cfg.Binary, err))
 	}
 	if cfg.Accel != "" {
 		errs = append(errs, fmt.Errorf("accelerator %q: Cloud Hypervisor always uses KVM (or MSHV)", cfg.Accel))

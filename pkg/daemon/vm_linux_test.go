@@ -639,7 +639,7 @@ func TestRunVMMissingTools(t *testing.T) {
 	for backend, want := range map[string][]string{
 		BackendQEMU: {"qemu backend: ", "QEMU is missing", "apt-get install qemu-system-x86",
 			"virtiofsd is missing", "apt-get install qemu-system-common", "make vmimage"},
-		BackendCHV: {"cloud-hypervisor backend: ", "Cloud Hypervisor is missing", "cloud-hypervisor/releases",
+		BackendCHV: {"cloud-hypervisor backend: ", "the cloud-hypervisor binary is missing", "cloud-hypervisor/releases",
 			"virtiofsd is missing", "make vmimage"},
 	} {
 		id := testutil.UniqueName("m")
