@@ -163,15 +163,16 @@ const (
 // passed), never of where the segments were cut: a check that needs more
 // bytes waits for them rather than guessing.
 type reqScan struct {
-	lead    int // empty lines before the request line
-	lineAt  int // start of the head line not complete yet
-	seen    int // bytes from lineAt already known to hold no LF
-	headLen int // 0 until the head is complete; includes lead
-	framing uint8
-	length  int64
-	expect  bool // Expect: 100-continue
-	tunnel  bool
-	chunk   http1.Chunked
+	lead     int  // empty lines before the request line
+	leadDone bool // lead is final
+	lineAt   int  // start of the head line not complete yet
+	seen     int  // bytes from lineAt already known to hold no LF
+	headLen  int  // 0 until the head is complete; includes lead
+	framing  uint8
+	length   int64
+	expect   bool // Expect: 100-continue
+	tunnel   bool
+	chunk    http1.Chunked
 	// bodyOnly: the head was emitted as its own effect; the scan continues
 	// over the body, which starts at offset 0.
 	bodyOnly bool
@@ -205,7 +206,7 @@ func (s *reqScan) advance(b []byte, cfg *Config, req *HTTPRequest) (scanStatus, 
 		// Only the first MaxHeaderBytes can hold the head: what follows
 		// them never changes the outcome.
 		view := b[:min(len(b), cfg.MaxHeaderBytes)]
-		if s.lineAt == 0 {
+		if !s.leadDone {
 			lead, complete := skipBlankLines(view)
 			if lead < 0 {
 				return scanBad, 0, fmt.Errorf("%w: more than %d empty lines before it", errRequestLine, maxLeadBlanks)
@@ -213,7 +214,7 @@ func (s *reqScan) advance(b []byte, cfg *Config, req *HTTPRequest) (scanStatus, 
 			if !complete {
 				return scanMore, 0, nil
 			}
-			s.lead, s.lineAt, s.seen = lead, lead, 0
+			s.lead, s.lineAt, s.seen, s.leadDone = lead, lead, 0, true
 		}
 		for s.headLen == 0 {
 			j := bytes.IndexByte(view[s.lineAt+s.seen:], '\n')
