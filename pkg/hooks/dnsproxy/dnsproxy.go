@@ -8,6 +8,15 @@
 // It forwards queries over UDP and TCP to upstream resolvers, or answers
 // from a static table (an offline host, tests, the demo).
 //
+// # Limits
+//
+// At most MaxInFlight queries are being answered at once (each holds a
+// goroutine and, when forwarded, an upstream socket for up to Timeout).
+// A UDP query beyond that is answered SERVFAIL at once, by the reading
+// goroutine itself, and counted (Stats). At most MaxTCPConns TCP
+// connections are served at once; one more is closed on accept (the
+// client retries, as after any resolver failure) and counted.
+//
 // # Requirements
 //
 // A socket on the host side of the sandbox's interface.
@@ -23,6 +32,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/carbd/carbd/pkg/hooks/netparse"
@@ -38,9 +48,38 @@ type Proxy struct {
 	// OnAnswer receives name -> addresses of every answer relayed.
 	OnAnswer func(map[string][]netip.Addr)
 	Timeout  time.Duration // per upstream query; default 2 s
+	// MaxInFlight bounds the queries answered at once (UDP and TCP);
+	// default DefaultMaxInFlight. A UDP query over the bound is answered
+	// SERVFAIL; a TCP one waits for its connection's turn (see
+	// MaxTCPConns).
+	MaxInFlight int
+	// MaxTCPConns bounds the TCP connections served at once; default
+	// DefaultMaxTCPConns. One more is closed on accept.
+	MaxTCPConns int
 
 	wg    sync.WaitGroup
 	close []io.Closer
+	slots chan struct{} // a token per query being answered
+	conns chan struct{} // a token per TCP connection being served
+
+	refusedUDP, refusedTCP atomic.Uint64
+}
+
+// Defaults of the bounds.
+const (
+	DefaultMaxInFlight = 64
+	DefaultMaxTCPConns = 16
+)
+
+// Stats counts what the bounds refused.
+type Stats struct {
+	RefusedUDP uint64 // UDP queries answered SERVFAIL because MaxInFlight were in flight
+	RefusedTCP uint64 // TCP connections closed because MaxTCPConns were open
+}
+
+// Stats returns the refusal counters.
+func (p *Proxy) Stats() Stats {
+	return Stats{RefusedUDP: p.refusedUDP.Load(), RefusedTCP: p.refusedTCP.Load()}
 }
 
 // Serve answers on UDP and TCP at each address until ctx ends.
@@ -48,6 +87,14 @@ func (p *Proxy) Serve(ctx context.Context, addrs ...netip.AddrPort) error {
 	if p.Timeout == 0 {
 		p.Timeout = 2 * time.Second
 	}
+	if p.MaxInFlight <= 0 {
+		p.MaxInFlight = DefaultMaxInFlight
+	}
+	if p.MaxTCPConns <= 0 {
+		p.MaxTCPConns = DefaultMaxTCPConns
+	}
+	p.slots = make(chan struct{}, p.MaxInFlight)
+	p.conns = make(chan struct{}, p.MaxTCPConns)
 	for _, a := range addrs {
 		uc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(a))
 		if err != nil {
@@ -89,10 +136,21 @@ func (p *Proxy) serveUDP(c *net.UDPConn) {
 		if err != nil {
 			return
 		}
+		select {
+		case p.slots <- struct{}{}:
+		default:
+			// Full: refuse now, without a goroutine.
+			p.refusedUDP.Add(1)
+			if _, _, qend, err := question(buf[:n]); err == nil {
+				_, _ = c.WriteToUDPAddrPort(servfail(buf[:qend], false), from)
+			}
+			continue
+		}
 		q := append([]byte(nil), buf[:n]...)
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
+			defer func() { <-p.slots }()
 			if resp := p.answer(q, false); resp != nil {
 				_, _ = c.WriteToUDPAddrPort(resp, from)
 			}
@@ -107,9 +165,17 @@ func (p *Proxy) serveTCP(l *net.TCPListener) {
 		if err != nil {
 			return
 		}
+		select {
+		case p.conns <- struct{}{}:
+		default:
+			p.refusedTCP.Add(1)
+			c.Close()
+			continue
+		}
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
+			defer func() { <-p.conns }()
 			defer c.Close()
 			for {
 				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -117,7 +183,9 @@ func (p *Proxy) serveTCP(l *net.TCPListener) {
 				if err != nil {
 					return
 				}
+				p.slots <- struct{}{} // the connection's turn
 				resp := p.answer(q, true)
+				<-p.slots
 				if resp == nil {
 					return
 				}
