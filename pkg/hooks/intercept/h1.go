@@ -24,25 +24,24 @@ type h1Conn struct {
 	fr  *h1Framer
 	rw  *respTap
 	buf []byte
-	// pend holds client bytes not yet forwarded or discarded; pendSeq is
-	// the sequence number of pend[0].
-	pend    []byte
-	pendSeq uint32
-	queue   []h1Effect
-	eof     bool
+	// pend holds client bytes not yet forwarded or discarded; pendAt is
+	// the stream offset of pend[0].
+	pend   []byte
+	pendAt int64
+	queue  []h1Effect
+	eof    bool
 }
 
 func (c *conn) serveH1(ctx context.Context) error {
-	sg := newSegmenter(c.client, c.dst)
-	fr, err := newH1Framer(sg, c.p.cfg.MaxBodyBytes)
+	fr, err := newH1Framer(c.client, c.dst, c.p.cfg.MaxBodyBytes)
 	if err != nil {
 		return err
 	}
-	rw, err := newRespTap(sg)
+	rw, err := newRespTap(newSegmenter(c.client, c.dst))
 	if err != nil {
 		return err
 	}
-	h := &h1Conn{c: c, fr: fr, rw: rw, buf: make([]byte, readBufSize), pendSeq: fr.next}
+	h := &h1Conn{c: c, fr: fr, rw: rw, buf: make([]byte, readBufSize)}
 	for {
 		for len(h.queue) == 0 {
 			if h.eof {
@@ -74,10 +73,10 @@ func (c *conn) serveH1(ctx context.Context) error {
 				c.cliTLS.Write(http1Refusal(v.Notice, true)) //nolint:errcheck // closing anyway
 				return nil
 			}
-			return h.tunnel(e.seq)
+			return h.tunnel(e.start)
 		}
 		if !v.Release {
-			if err := h.consume(e.seq, e.end, nil); err != nil {
+			if err := h.consume(e.start, e.end, nil); err != nil {
 				return err
 			}
 			if _, err := c.cliTLS.Write(http1Refusal(v.Notice, false)); err != nil {
@@ -85,7 +84,7 @@ func (c *conn) serveH1(ctx context.Context) error {
 			}
 			continue
 		}
-		if err := h.consume(e.seq, e.end, h.forward); err != nil {
+		if err := h.consume(e.start, e.end, h.forward); err != nil {
 			return err
 		}
 		more, err := h.relayResponse(&req)
@@ -113,15 +112,14 @@ func (h *h1Conn) readMore() error {
 	return nil
 }
 
-// consume takes the client bytes [seq, end) out of pend, reading more
+// consume takes the client bytes [start, end) out of pend, reading more
 // when they have not all arrived, and hands them to use (nil: they are
-// discarded).
-func (h *h1Conn) consume(seq, end uint32, use func([]byte) error) error {
-	if d := int32(seq - h.pendSeq); d > 0 { // bytes before seq belong to no effect (blank lines): drop
-		k := min(int(d), len(h.pend))
-		h.trim(k)
+// discarded). Bytes before start belong to no effect: dropped.
+func (h *h1Conn) consume(start, end int64, use func([]byte) error) error {
+	if d := start - h.pendAt; d > 0 {
+		h.trim(int(min(d, int64(len(h.pend)))))
 	}
-	for int32(end-h.pendSeq) > 0 {
+	for end > h.pendAt {
 		if len(h.pend) == 0 {
 			if h.eof {
 				return fmt.Errorf("intercept: client closed inside a request")
@@ -131,7 +129,7 @@ func (h *h1Conn) consume(seq, end uint32, use func([]byte) error) error {
 			}
 			continue
 		}
-		k := min(int(end-h.pendSeq), len(h.pend))
+		k := int(min(end-h.pendAt, int64(len(h.pend))))
 		if use != nil {
 			if err := use(h.pend[:k]); err != nil {
 				return err
@@ -145,7 +143,7 @@ func (h *h1Conn) consume(seq, end uint32, use func([]byte) error) error {
 func (h *h1Conn) trim(k int) {
 	n := copy(h.pend, h.pend[k:])
 	h.pend = h.pend[:n]
-	h.pendSeq += uint32(k)
+	h.pendAt += int64(k)
 }
 
 // forward writes released client bytes upstream and shows them to the
@@ -168,10 +166,12 @@ func (h *h1Conn) relayResponse(req *Request) (bool, error) {
 	for h.rw.responses < want {
 		n, err := c.up.Read(h.buf)
 		if n > 0 {
+			// Observe first: a response is reported before the client
+			// holds all of it, so a request it prompts is decided after.
+			h.rw.ingress(h.buf[:n], false, c.observer(req))
 			if _, werr := c.cliTLS.Write(h.buf[:n]); werr != nil {
 				return false, fmt.Errorf("intercept: write to client: %w", werr)
 			}
-			h.rw.ingress(h.buf[:n], false, c.observer(req))
 		}
 		if err != nil {
 			h.rw.ingress(nil, true, c.observer(req))
@@ -191,10 +191,10 @@ func (h *h1Conn) relayResponse(req *Request) (bool, error) {
 }
 
 // tunnel relays the rest of the connection both ways as it is, from the
-// client byte seq on (a released open effect).
-func (h *h1Conn) tunnel(seq uint32) error {
+// client stream offset start on (a released open effect).
+func (h *h1Conn) tunnel(start int64) error {
 	c := h.c
-	if err := h.consume(seq, h.pendSeq+uint32(len(h.pend)), h.forward); err != nil {
+	if err := h.consume(start, h.pendAt+int64(len(h.pend)), h.forward); err != nil {
 		return err
 	}
 	done := make(chan error, 1)

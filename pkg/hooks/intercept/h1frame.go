@@ -3,6 +3,7 @@ package intercept
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -11,115 +12,103 @@ import (
 )
 
 // h1Effect is one effect framed from the client's decrypted HTTP/1.x
-// stream, copied out of the parser's views.
+// stream, copied out of the framer's views.
 type h1Effect struct {
 	ev decide.Event
-	// seq, end: the client bytes it covers; open: from seq to the end of
-	// the connection (a tunnel, a body with no known end, bytes that are
-	// not HTTP).
-	seq, end  uint32
-	open      bool
-	http      bool // an HTTP request (else an opaque stream)
-	oversized bool
-	tunnel    bool
-	method    string
+	// start, end: the client stream bytes [start, end) it covers (stream
+	// offsets); open: from start to the end of the connection (a tunnel,
+	// a body with no known end, bytes that are not HTTP/1.x).
+	start, end int64
+	open       bool
+	http       bool // an HTTP request (else an opaque stream)
+	oversized  bool
+	tunnel     bool
 	// continueHead: the head of an Expect: 100-continue request; its
-	// body follows as the next effect, which covers the head too.
+	// body follows as the next effect, which then covers the head too.
 	continueHead bool
-	why          error // for an opaque stream: why it is not HTTP
 }
 
 // h1Framer frames the client's decrypted byte stream with netparse's
-// request parser (the verdict loop's HTTP/1 framer), fed with synthetic
-// TCP segments of a connection between the real client and the original
-// destination, so that an intercepted request gives the same event
-// fields as the same request in clear.
+// RequestStream: the verdict loop's HTTP/1.x framer on a byte stream, so
+// that an intercepted request gives the same event fields and the same
+// byte ranges as the same request in clear.
 type h1Framer struct {
-	p    *netparse.Parser
-	sg   *segmenter
-	next uint32 // sequence number of the next client byte
-	// headSeq is where a pending 100-continue head starts.
-	headSeq  uint32
-	headOpen bool
-	out      []h1Effect
+	rs          *netparse.RequestStream
+	client, dst netip.AddrPort
+	// headStart is where a pending 100-continue head starts.
+	headStart int64
+	headOpen  bool
+	out       []h1Effect
 }
 
-const clientISN = 0
-
-func newH1Framer(sg *segmenter, maxBody int) (*h1Framer, error) {
-	p, err := netparse.NewParser(netparse.Config{
-		MaxBodyBytes:    maxBody,
-		MaxStreamBytes:  2*maxBody + (1 << 20),
-		MaxFlows:        1,
-		IgnoreChecksums: true,
-		// The stream is fed in order and never expired: the timeouts do
-		// not apply (Expire is never called).
-		PendingTimeout: time.Hour,
-		FlowIdle:       24 * time.Hour,
-	})
+func newH1Framer(client, dst netip.AddrPort, maxBody int) (*h1Framer, error) {
+	rs, err := netparse.NewRequestStream(netparse.Config{MaxBodyBytes: maxBody})
 	if err != nil {
-		return nil, fmt.Errorf("intercept: request parser: %w", err)
+		return nil, fmt.Errorf("intercept: request framer: %w", err)
 	}
-	f := &h1Framer{p: p, sg: sg, next: clientISN + 1}
-	res := p.Feed(sg.frame(true, clientISN, 0, tcpSYN, nil)[14:], netparse.Meta{Time: time.Now()})
-	if res.Action != netparse.NoData {
-		return nil, fmt.Errorf("intercept: request parser refused the stream start: %v", res.Err)
-	}
-	return f, nil
+	return &h1Framer{rs: rs, client: client, dst: dst}, nil
 }
 
-// feed gives the parser the next client bytes (fin: the client closed
+// feed gives the framer the next client bytes (fin: the client closed
 // its side after them) and returns the effects they completed, in order.
 // The slice is valid until the next call.
 func (f *h1Framer) feed(data []byte, fin bool) ([]h1Effect, error) {
 	f.out = f.out[:0]
-	for first := true; first || len(data) > 0; first = false {
-		n := min(len(data), maxSegment)
-		flags := uint8(tcpACK | tcpPSH)
-		last := n == len(data)
-		if fin && last {
-			flags |= tcpFIN
-		}
-		if n == 0 && flags&tcpFIN == 0 {
+	for {
+		n, err := f.rs.Write(data)
+		data = data[n:]
+		f.drain()
+		if err == nil {
 			break
 		}
-		res := f.p.Feed(f.sg.frame(true, f.next, 1, flags, data[:n])[14:], netparse.Meta{Time: time.Now()})
-		f.next += uint32(n)
-		data = data[n:]
-		switch res.Action {
-		case netparse.Refuse, netparse.Drop:
-			return f.out, fmt.Errorf("intercept: request parser: %w", res.Err)
+		if !errors.Is(err, netparse.ErrStreamBuffer) {
+			return f.out, fmt.Errorf("intercept: request framer: %w", err)
 		}
-		for i := range res.Effects {
-			f.take(&res.Effects[i])
+		if n == 0 && len(f.out) == 0 {
+			return f.out, fmt.Errorf("intercept: request framer: %w", err)
 		}
+	}
+	if fin {
+		f.rs.Close()
+		f.drain()
 	}
 	return f.out, nil
 }
 
-func (f *h1Framer) take(e *netparse.Effect) {
-	x := h1Effect{seq: e.Seq, end: e.End, open: e.Span != netparse.SpanBytes}
+func (f *h1Framer) drain() {
+	for {
+		r := f.rs.Next()
+		if r == nil {
+			return
+		}
+		f.take(r)
+	}
+}
+
+func (f *h1Framer) take(r *netparse.StreamRequest) {
+	e := &r.Effect
+	e.Time, e.Src, e.Dst, e.Proto = time.Now(), f.client, f.dst, 6
+	e.Family = 6
+	if f.dst.Addr().Unmap().Is4() {
+		e.Family = 4
+	}
+	x := h1Effect{start: r.Start, end: r.End, open: r.End < 0}
 	switch {
 	case e.Kind == netparse.KindHTTP && e.HTTP.HeadOnly:
 		// Expect: 100-continue. carbd answers 100 itself and decides the
 		// request once its body is here: nothing goes upstream before.
-		f.headSeq, f.headOpen = e.Seq, true
+		f.headStart, f.headOpen = r.Start, true
 		x.continueHead, x.http = true, true
-		x.method = string(e.HTTP.Method)
 		f.out = append(f.out, x)
 		return
 	case e.Kind == netparse.KindHTTP && e.HTTP.BodyOnly && f.headOpen:
-		x.seq = f.headSeq
+		x.start = f.headStart
 		f.headOpen = false
 		e.HTTP.BodyOnly = false // one event for the whole request, headers included
 	}
 	x.http = e.Kind == netparse.KindHTTP
-	x.method = string(e.HTTP.Method)
 	x.oversized = errors.Is(e.Opaque, netparse.ErrOversized)
 	x.tunnel = e.HTTP.Tunnel
-	if !x.http {
-		x.why = e.Opaque
-	}
 	origin := x.http && len(e.HTTP.Target) > 0 && e.HTTP.Target[0] == '/'
 	x.ev = e.Event()
 	if origin {

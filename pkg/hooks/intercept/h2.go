@@ -3,17 +3,19 @@ package intercept
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"log"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/net/http2"
 
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/netparse"
@@ -28,28 +30,79 @@ const maxObservedBody = 1 << 20
 // §7.6.1; HTTP/2 forbids them).
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Te", "Trailer"}
 
-// serveH2 serves the client's HTTP/2 connection with x/net/http2's
+// serveH2 serves the client's HTTP/2 connection with net/http's HTTP/2
 // server and sends each released stream upstream on one HTTP/2 client
-// connection: each stream is its own effect, decided before its request
+// connection (the implementation golang.org/x/net/http2 now wraps and
+// points to): each stream is its own effect, decided before its request
 // is sent; a refused stream gets a 403 and the other streams go on.
 func (c *conn) serveH2(ctx context.Context) error {
-	tr := &http2.Transport{}
-	cc, err := tr.NewClientConn(c.up)
+	h2 := new(http.Protocols)
+	h2.SetHTTP2(true)
+	up := c.up
+	tr := &http.Transport{
+		Protocols:      h2,
+		DialTLSContext: func(context.Context, string, string) (net.Conn, error) { return up, nil },
+	}
+	cc, err := tr.NewClientConn(ctx, "https", c.dst.String())
 	if err != nil {
 		return fmt.Errorf("intercept: upstream http/2: %w", err)
 	}
 	defer cc.Close()
 	var n atomic.Uint32
-	srv := &http2.Server{}
-	srv.ServeConn(c.cliTLS, &http2.ServeConnOpts{
-		Context:    ctx,
-		BaseConfig: &http.Server{},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			c.h2Stream(w, r, cc, n.Add(1))
-		}),
-	})
+	serveOne(ctx, c.cliTLS, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.h2Stream(w, r, cc, n.Add(1))
+	}))
 	return nil
 }
+
+// serveOne serves one client connection (its TLS handshake done, "h2"
+// agreed) with net/http's server until it ends or ctx does.
+func serveOne(ctx context.Context, tc *tls.Conn, h http.Handler) {
+	ln := &oneConnListener{conn: tc, done: make(chan struct{})}
+	h2 := new(http.Protocols)
+	h2.SetHTTP2(true)
+	srv := &http.Server{
+		Handler:   h,
+		Protocols: h2,
+		ErrorLog:  log.New(io.Discard, "", 0),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				ln.Close()
+			}
+		},
+	}
+	stop := context.AfterFunc(ctx, func() { srv.Close() })
+	defer stop()
+	srv.Serve(ln) //nolint:errcheck // it ends when the one connection does
+}
+
+// oneConnListener accepts one connection, then waits until closed.
+type oneConnListener struct {
+	conn net.Conn
+	once sync.Once
+	done chan struct{}
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	if c := l.conn; c != nil {
+		l.conn = nil
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *oneConnListener) Addr() net.Addr { return dummyAddr{} }
+
+type dummyAddr struct{}
+
+func (dummyAddr) Network() string { return "tcp" }
+func (dummyAddr) String() string  { return "intercept" }
 
 // h2Event builds the request's event with netparse's HTTP event code from
 // an HTTP/2 request, so that its fields are those of HTTP/1.x.
@@ -92,7 +145,7 @@ func (c *conn) h2Event(r *http.Request, body []byte, oversized bool) decide.Even
 	return ev
 }
 
-func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http2.ClientConn, n uint32) {
+func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http.ClientConn, n uint32) {
 	limit := c.p.cfg.MaxBodyBytes
 	body, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
 	if err != nil {
@@ -154,17 +207,33 @@ func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http2.Client
 		w.Header().Add("Trailer", k)
 	}
 	w.WriteHeader(resp.StatusCode)
-	seen, wire, rerr := streamBody(w, resp.Body)
+	if fl, ok := w.(http.Flusher); ok {
+		fl.Flush() // the head goes now: a stream's first bytes may be long in coming
+	}
+	streamBody(w, resp.Body, resp.ContentLength, func(seen []byte, wire int64, rerr error) {
+		c.observeH2(&req, resp, seen, wire, rerr)
+	})
 	for k, vv := range resp.Trailer {
 		w.Header()[http.TrailerPrefix+k] = vv
 	}
-	c.observeH2(&req, resp, seen, wire, rerr)
 }
 
 // streamBody copies a response body to the client as it arrives,
-// flushing each read, and keeps its first maxObservedBody bytes.
-func streamBody(w http.ResponseWriter, body io.Reader) (seen []byte, n int64, err error) {
+// flushing each read, and keeps its first maxObservedBody bytes. done is
+// called once the body's end is known: when its length was declared,
+// before its last bytes are written (the response is observed before
+// the client holds all of it); otherwise (a stream) at its end.
+func streamBody(w http.ResponseWriter, body io.Reader, length int64, done func(seen []byte, n int64, err error)) {
 	fl, _ := w.(http.Flusher)
+	var seen []byte
+	var n int64
+	called := false
+	finish := func(err error) {
+		if !called {
+			called = true
+			done(seen, n, err)
+		}
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		k, rerr := body.Read(buf)
@@ -173,18 +242,24 @@ func streamBody(w http.ResponseWriter, body io.Reader) (seen []byte, n int64, er
 				seen = append(seen, buf[:min(k, maxObservedBody-len(seen))]...)
 			}
 			n += int64(k)
+			if length >= 0 && n >= length {
+				finish(nil)
+			}
 			if _, werr := w.Write(buf[:k]); werr != nil {
-				return seen, n, werr
+				finish(werr)
+				return
 			}
 			if fl != nil {
 				fl.Flush()
 			}
 		}
 		if rerr == io.EOF {
-			return seen, n, nil
+			finish(nil)
+			return
 		}
 		if rerr != nil {
-			return seen, n, rerr
+			finish(rerr)
+			return
 		}
 	}
 }
@@ -257,15 +332,12 @@ func (c *conn) refuseAll(ctx context.Context) {
 	req := c.request()
 	c.refuse(&req, notice)
 	if c.cliTLS.ConnectionState().NegotiatedProtocol == ProtoH2 {
-		srv := &http2.Server{}
-		srv.ServeConn(c.cliTLS, &http2.ServeConnOpts{Context: ctx, BaseConfig: &http.Server{},
-			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeRefusal(w, notice) })})
+		serveOne(ctx, c.cliTLS, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { writeRefusal(w, notice) }))
 		return
 	}
 	// HTTP/1.x: wait for the request head (so the 403 answers it), then
 	// answer and close.
-	sg := newSegmenter(c.client, c.dst)
-	fr, err := newH1Framer(sg, 64<<10)
+	fr, err := newH1Framer(c.client, c.dst, 64<<10)
 	if err != nil {
 		return
 	}

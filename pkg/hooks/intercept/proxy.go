@@ -222,16 +222,15 @@ func addrPort(a net.Addr) (netip.AddrPort, error) {
 
 // conn is one intercepted connection.
 type conn struct {
-	p        *Proxy
-	client   netip.AddrPort
-	dst      netip.AddrPort
-	sni      string
-	alpn     string
-	up       *tls.Conn
-	upErr    error
-	cliTLS   *tls.Conn
-	offered  []string
-	dialOnce sync.Once
+	p       *Proxy
+	client  netip.AddrPort
+	dst     netip.AddrPort
+	sni     string
+	alpn    string
+	up      *tls.Conn
+	upErr   error
+	cliTLS  *tls.Conn
+	offered []string
 }
 
 // Handle intercepts one connection the guest opened to origDst: it

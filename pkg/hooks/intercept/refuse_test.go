@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/carbd/carbd/pkg/decide"
 )
 
 // TestUpstreamCertificateRefused: the world's certificate is not trusted
@@ -172,5 +174,50 @@ func TestMisdirected(t *testing.T) {
 	defer mu.Unlock()
 	if len(refused) != 2 {
 		t.Errorf("Refused called %d times", len(refused))
+	}
+}
+
+// TestObserveBeforeClient: a response is reported to Observe before the
+// client holds all of it, so a request the client makes because of it is
+// decided after provenance saw it. Observe holds the response's last
+// bytes back: the client must still be reading while it runs.
+func TestObserveBeforeClient(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		w := newWorld(t)
+		inObserve := make(chan struct{})
+		release := make(chan struct{})
+		tp := newTestProxy(t, w, func(c *Config) {
+			c.Observe = func(_ *Request, ev decide.Event) {
+				if ev.Op == "http:response" {
+					close(inObserve)
+					<-release
+				}
+			}
+		})
+		clientDone := make(chan result, 1)
+		go func() {
+			resp, err := goClient(tp, h2).Get(tp.url("/hello"))
+			if err != nil {
+				clientDone <- result{body: err.Error()}
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			clientDone <- result{status: resp.StatusCode, body: string(b)}
+		}()
+		select {
+		case <-inObserve:
+		case r := <-clientDone:
+			t.Fatalf("h2=%v: the client had the whole response (%+v) before Observe ran", h2, r)
+		}
+		select {
+		case r := <-clientDone:
+			t.Fatalf("h2=%v: the client had the whole response (%+v) while Observe ran", h2, r)
+		default:
+		}
+		close(release)
+		if r := <-clientDone; r.status != 200 {
+			t.Fatalf("h2=%v: %+v", h2, r)
+		}
 	}
 }

@@ -213,7 +213,6 @@ type testProxy struct {
 	dec    *testDecider
 	mu     sync.Mutex
 	obs    []string
-	errs   []error
 }
 
 func newTestProxy(t testing.TB, w *world, mod func(*Config)) *testProxy {
