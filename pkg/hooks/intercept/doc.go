@@ -19,23 +19,29 @@
 //     upstream verification still completes the client's handshake, and
 //     every request is answered 403 with the reason.
 //   - HTTP/1.x: the decrypted client stream is framed by netparse's
-//     request parser (the verdict loop's framer, fed with synthetic TCP
-//     segments), so keep-alive, pipelining, chunked bodies and
-//     Expect: 100-continue are handled exactly as on the clear-text path
-//     and the event fields are the same. Each released request's bytes
-//     are forwarded exactly as received; responses stream back as they
-//     arrive and are framed (for ordering and provenance) by respwatch's
-//     tracker, fed with the same synthetic segments.
-//   - HTTP/2: x/net/http2's server on the client side, its client
-//     connection upstream; each stream is one effect; a refused stream
-//     gets a 403, the other streams go on.
+//     RequestStream (the verdict loop's framer on a byte stream), so
+//     keep-alive, pipelining, chunked bodies and Expect: 100-continue are
+//     handled exactly as on the clear-text path and the event fields are
+//     the same. Each released request's bytes are forwarded exactly as
+//     received; one request is upstream at a time, so the 403 of a
+//     refused pipelined request comes in its place. Responses stream
+//     back as they arrive and are framed (for ordering and provenance) by
+//     respwatch's tracker, fed with synthetic TCP segments.
+//   - HTTP/2: net/http's HTTP/2 server on the client side and one
+//     net/http ClientConn upstream (the implementation x/net/http2 now
+//     wraps); each stream is one effect; a refused stream gets a 403, the
+//     other streams go on.
+//   - A request whose host is not the server the connection was
+//     verified for (SNI, else the address) is refused as misdirected.
+//   - Responses are reported to Config.Observe before the client holds
+//     their last bytes (HTTP/1.x; HTTP/2 when the length is declared).
 //   - Bodies up to Config.MaxBodyBytes (16 MiB) are decided whole; a
 //     longer one is Request.Oversized: the daemon's defer path.
 //   - Config.KeyLog receives the secrets of both legs (NSS key log).
 //
 // # Requirements
 //
-// Pure Go (crypto/tls, x/net/http2), no root. The daemon hands it
+// Pure Go (crypto/tls, net/http's HTTP/2), no root. The daemon hands it
 // connections redirected from the guest with their original destination
 // (Handle) or a listener (Serve); see docs/interception.md.
 //
