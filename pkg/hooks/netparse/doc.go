@@ -15,6 +15,13 @@
 //     pipelined connection is its own effect with the TCP sequence range it
 //     covers), TLS ClientHello (SNI, ALPN, version; the rest is opaque), DNS
 //     over TCP, otherwise an opaque stream.
+//   - Every stream parser is segmentation-invariant: however the guest
+//     cuts, reorders or retransmits a stream (within what the reassembler
+//     accepts), the effects and their byte ranges are those of the whole
+//     stream (docs/fuzzing.md). HTTP/1.x framing is the sub-package
+//     http1, shared with respwatch; RequestStream runs the same request
+//     framer on a plain byte stream (an intercepting proxy's decrypted
+//     client bytes).
 //   - UDP: DNS queries, QUIC v1/v2 Initial packets (decrypted with the
 //     Initial keys to read the ClientHello), other datagrams.
 //   - ICMP and ICMPv6: echo id, sequence and payload.
