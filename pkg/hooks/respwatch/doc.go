@@ -25,7 +25,10 @@
 //     still found, otherwise the rest of the connection is not parsed;
 //   - HTTP/1.x responses are parsed incrementally (status line, header
 //     fields, Content-Length, chunked, close-delimited, no body for HEAD,
-//     1xx, 204, 304; tunnels after 101 and CONNECT), and gzip and deflate
+//     1xx, 204, 304; tunnels after 101 and CONNECT) with the framer the
+//     request parser uses (netparse/http1: field lines, Content-Length,
+//     Transfer-Encoding, chunked bodies, here with lenient line ends),
+//     the same whatever the segments (TestResponseSegmentation), and gzip and deflate
 //     bodies are decoded up to a bound; other codings are reported raw
 //     and opaque.
 //
