@@ -49,11 +49,31 @@ type netChannel struct {
 	wg      sync.WaitGroup
 	nat     func() error
 
-	mu    sync.Mutex // guards flows, bySeq and names
-	flows map[flowID]flowNote
+	mu sync.Mutex // guards flows, bySeq and names
+	// flows is each flow's latest decision, for the capture's
+	// annotations; bounded (see maxFlowNotes).
+	flows *lruTable[flowID, flowNote]
 	bySeq map[uint64]flowID // held effects, to record their final verdict
-	names map[netip.Addr][]string
+	// names maps an address to the names the sandbox's resolver answered
+	// with it, the latest last; bounded (see maxNamedAddrs).
+	names *lruTable[netip.Addr, []string]
 }
+
+// Bounds of the network channel's tables. A flow's note (its latest
+// decision, for the capture's annotations) is forgotten after
+// flowNoteIdle without a decision or beyond maxFlowNotes flows; its
+// packets still in the capture are then annotated "undecided". A name an
+// address was answered with is forgotten after nameIdle without being
+// answered or used, beyond maxNamedAddrs addresses, or beyond
+// maxNamesPerAddr names for one address (the oldest first); a flow to it
+// is then decided by address alone, as one to an address never resolved.
+const (
+	maxFlowNotes    = 1 << 16
+	flowNoteIdle    = time.Hour
+	maxNamedAddrs   = 1 << 16
+	nameIdle        = time.Hour
+	maxNamesPerAddr = 16
+)
 
 // flowID identifies a flow regardless of direction, for annotating
 // captured packets.
@@ -82,7 +102,8 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 	if err != nil {
 		return nil, err
 	}
-	nc := &netChannel{d: d, plan: plan, flows: map[flowID]flowNote{}, bySeq: map[uint64]flowID{}, names: map[netip.Addr][]string{}}
+	nc := &netChannel{d: d, plan: plan, flows: newLRUTable[flowID, flowNote](maxFlowNotes, flowNoteIdle, nil),
+		bySeq: map[uint64]flowID{}, names: newLRUTable[netip.Addr, []string](maxNamedAddrs, nameIdle, nil)}
 	defer func() {
 		if err != nil {
 			nc.close()
@@ -264,7 +285,8 @@ func (nc *netChannel) resolved(host string, addr netip.Addr) bool {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	for _, n := range nc.names[addr.Unmap()] {
+	names, _ := nc.names.get(addr.Unmap())
+	for _, n := range names {
 		if n == host {
 			return true
 		}
@@ -280,7 +302,7 @@ func (nc *netChannel) observe(ev decide.Event) {
 	}
 	if ev.Dest != nil && ev.Dest.Host == "" && ev.Dest.Addr.IsValid() {
 		nc.mu.Lock()
-		if names := nc.names[ev.Dest.Addr.Unmap()]; len(names) > 0 {
+		if names, _ := nc.names.get(ev.Dest.Addr.Unmap()); len(names) > 0 {
 			dst := *ev.Dest
 			dst.Host = names[len(names)-1]
 			ev.Dest = &dst
@@ -297,14 +319,18 @@ func (nc *netChannel) learn(m map[string][]netip.Addr) {
 	defer nc.mu.Unlock()
 	for name, addrs := range m {
 		for _, a := range addrs {
-			have := nc.names[a]
-			found := false
+			have, _ := nc.names.peek(a)
+			names := make([]string, 0, len(have)+1)
 			for _, n := range have {
-				found = found || n == name
+				if n != name {
+					names = append(names, n)
+				}
 			}
-			if !found {
-				nc.names[a] = append(have, name)
+			names = append(names, name) // the latest last
+			if len(names) > maxNamesPerAddr {
+				names = names[len(names)-maxNamesPerAddr:]
 			}
+			nc.names.put(a, names)
 		}
 	}
 }
@@ -313,7 +339,7 @@ func (nc *netChannel) learn(m map[string][]netip.Addr) {
 func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) nfq.Outcome {
 	if ev.Dest != nil && ev.Dest.Host == "" && ev.Dest.Addr.IsValid() {
 		nc.mu.Lock()
-		if names := nc.names[ev.Dest.Addr.Unmap()]; len(names) > 0 {
+		if names, _ := nc.names.get(ev.Dest.Addr.Unmap()); len(names) > 0 {
 			dst := *ev.Dest
 			dst.Host = names[len(names)-1]
 			ev.Dest = &dst
@@ -374,7 +400,7 @@ func (nc *netChannel) note(k tcx.FlowKey, dec decide.Decision) {
 		v = "held"
 		nc.bySeq[dec.Seq] = id
 	}
-	nc.flows[id] = flowNote{seq: dec.Seq, verdict: v, reason: dec.Reason.Code + ": " + dec.Justification}
+	nc.flows.put(id, flowNote{seq: dec.Seq, verdict: v, reason: dec.Reason.Code + ": " + dec.Justification})
 }
 
 // applyResolution hands a resolved scope to the verdict loop.
@@ -392,7 +418,7 @@ func (nc *netChannel) finals(r *decide.Resolution) {
 	for _, e := range r.Effects {
 		if id, ok := nc.bySeq[e.Seq]; ok {
 			delete(nc.bySeq, e.Seq)
-			nc.flows[id] = flowNote{seq: e.Seq, verdict: e.Verdict.String(), reason: e.Reason.Code + ": " + e.Justification}
+			nc.flows.put(id, flowNote{seq: e.Seq, verdict: e.Verdict.String(), reason: e.Reason.Code + ": " + e.Justification})
 		}
 	}
 }
@@ -423,7 +449,7 @@ func (nc *netChannel) annotate(r capture.Record) capture.Annotation {
 	}
 	id := newFlowID(netip.AddrPortFrom(src.Unmap(), sp), netip.AddrPortFrom(dst.Unmap(), dpt), proto)
 	nc.mu.Lock()
-	n, ok := nc.flows[id]
+	n, ok := nc.flows.peek(id)
 	nc.mu.Unlock()
 	if !ok {
 		return capture.Annotation{Verdict: "undecided"}
