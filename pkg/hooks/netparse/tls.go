@@ -90,14 +90,6 @@ func (r *reader) u16() int {
 	return int(binary.BigEndian.Uint16(v))
 }
 
-func (r *reader) u24() int {
-	v := r.n(3)
-	if v == nil {
-		return 0
-	}
-	return int(v[0])<<16 | int(v[1])<<8 | int(v[2])
-}
-
 // parseClientHelloMsg parses a handshake message (type, 3-byte length,
 // body) that must be exactly one ClientHello.
 func parseClientHelloMsg(msg []byte, ch *ClientHello) error {

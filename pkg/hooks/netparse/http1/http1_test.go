@@ -118,7 +118,7 @@ func refChunked(body []byte) (data []byte, wire int, ok bool) {
 		}
 		l := body[pos : pos+i]
 		pos += i + 2
-		return l, bytes.IndexAny(l, "\r\n") < 0
+		return l, !bytes.ContainsAny(l, "\r\n")
 	}
 	for {
 		l, good := line()
