@@ -135,6 +135,10 @@ type Result struct {
 	Bytes    int64     // file content bytes written
 	Refused  []Refusal // changes not applied, with the reason
 	Stripped []string  // paths committed with set-id or sticky bits removed
+	// Conflicts are changes not committed because W's entry is no longer
+	// the one the agent's view had; they stay staged, and the agent's
+	// version is kept (Conflict.Kept).
+	Conflicts []Conflict
 }
 
 // Refusal reasons (prefixes of Refusal.Reason).

@@ -16,18 +16,24 @@ import (
 
 // The commit protocol (see docs/staging.md):
 //
-//	prepare  journal/new/<n>  new images copied from U (digest verified)
+//	prepare  every change checked against the stamp of W's entry in the
+//	         agent's view: a changed entry is a conflict, kept aside, not journaled
+//	         journal/new/<n>  new images copied from U (digest verified)
 //	         journal/pre/<n>  hard links to the W entries to be replaced or removed
-//	         journal/new/index, journal/pre/index (the label index)
+//	         <state>/index.next, <state>/index.pre (the label index, new and old)
 //	         syncfs; journal/records.tmp -> journal/records; fsync   ("prepared")
 //	apply    journal/applying; fsync                                 ("applying")
 //	         per record: rename/unlink/mkdir/chmod in W; removed directories
-//	         are moved to journal/pre/<n>; index renamed into place; syncfs
-//	done     journal/done; fsync; remove the journal
+//	         are moved to journal/pre/<n>; index.next renamed to index; syncfs
+//	done     journal/done; fsync; remove the journal and index.pre
 //
-// W is untouched until "applying" exists. Recovery discards a journal
-// that is not applying, rolls back one that is applying but not done
-// (every pre-image is on disk by then), and finishes one that is done.
+// The journal is in the layer directory (on W's mount: its images are
+// linked from and renamed into W); the index files are in the state
+// directory, which may be on another filesystem, so they never cross
+// filesystems either. W is untouched until "applying" exists. Recovery
+// discards a journal that is not applying, rolls back one that is
+// applying but not done (every pre-image is on disk by then), and
+// finishes one that is done.
 
 const (
 	jRecords  = "records"
@@ -37,6 +43,8 @@ const (
 	jNew      = "new"
 	jIndex    = "index"
 	journal   = "journal"
+	indexNext = "index.next" // in the state directory
+	indexPre  = "index.pre"  // in the state directory
 )
 
 type preparer struct {
@@ -55,10 +63,13 @@ type preparer struct {
 	used    []string         // paths whose pending label became permanent
 	dropped []string         // removed paths whose pending labels go on success
 	stamps  map[string]stamp // upper stamps of committed files, installed on success
+	touched []string         // journaled paths: their seen stamps are updated after the commit
+	// conflicts: paths not committed because W changed under the agent.
+	conflicts map[string]bool
 }
 
 func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err error) {
-	if _, ok, err := lstatAt(s.sfd, journal); err != nil || ok {
+	if _, ok, err := lstatAt(s.lfd, journal); err != nil || ok {
 		if err == nil {
 			err = errors.New("a journal is present (reopen the stager to recover it)")
 		}
@@ -73,28 +84,41 @@ func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err
 	if err != nil {
 		return nil, fmt.Errorf("staging: commit: index: %w", err)
 	}
+	for _, n := range []string{indexNext, indexPre} {
+		if err := unix.Unlinkat(s.sfd, n, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("staging: commit: %w", err)
+		}
+	}
 	fault("prepare:begin")
-	if err := unix.Mkdirat(s.sfd, journal, 0o700); err != nil {
+	if err := unix.Mkdirat(s.lfd, journal, 0o700); err != nil {
 		return nil, fmt.Errorf("staging: commit: %w", err)
 	}
 	prepared := false
+	var p *preparer
 	defer func() {
 		if !prepared {
 			// Nothing in W changed: drop the partial journal.
-			if rerr := removeAt(s.sfd, journal); rerr != nil {
+			if rerr := s.removeJournal(); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("staging: remove journal: %w", rerr))
 			}
 		}
+		if err != nil && p != nil {
+			// The journal's links moved the ctime of W's entries that
+			// stay as they were.
+			for _, t := range p.touched {
+				s.restamp(t)
+			}
+		}
 	}()
-	jfd, err := openat2(s.sfd, journal, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	jfd, err := openat2(s.lfd, journal, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("staging: commit: %w", err)
 	}
 	defer unix.Close(jfd)
-	p := &preparer{s: s, ctx: ctx, res: res, prefd: -1, newfd: -1,
+	p = &preparer{s: s, ctx: ctx, res: res, prefd: -1, newfd: -1,
 		mkdirs: make(map[string]bool), gone: make(map[string]bool),
-		stamps: make(map[string]stamp),
-		wdirs:  &dirCache{root: s.wfd, fd: -1}, bdirs: &dirCache{root: s.bfd, fd: -1}}
+		stamps: make(map[string]stamp), conflicts: make(map[string]bool),
+		wdirs: &dirCache{root: s.wfd, fd: -1}, bdirs: &dirCache{root: s.bfd, fd: -1}}
 	defer p.wdirs.close()
 	defer p.bdirs.close()
 	for _, d := range []string{jPre, jNew} {
@@ -159,11 +183,11 @@ func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err
 		}
 	}
 	if h.IndexPre {
-		if err := unix.Linkat(s.sfd, jIndex, p.prefd, jIndex, 0); err != nil {
+		if err := unix.Linkat(s.sfd, jIndex, s.sfd, indexPre, 0); err != nil {
 			return nil, fmt.Errorf("staging: commit: link index pre-image: %w", err)
 		}
 	}
-	if err := writeIndexAt(p.newfd, jIndex, p.idx); err != nil {
+	if err := writeIndexAt(s.sfd, indexNext, p.idx); err != nil {
 		return nil, fmt.Errorf("staging: commit: %w", err)
 	}
 	fault("prepare:index")
@@ -171,6 +195,9 @@ func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err
 		return nil, fmt.Errorf("staging: commit: journal: %w", err)
 	}
 	if err := unix.Syncfs(s.sfd); err != nil {
+		return nil, fmt.Errorf("staging: commit: syncfs: %w", err)
+	}
+	if err := unix.Syncfs(s.lfd); err != nil {
 		return nil, fmt.Errorf("staging: commit: syncfs: %w", err)
 	}
 	fault("prepare:synced")
@@ -212,6 +239,10 @@ func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err
 	for k, v := range p.stamps {
 		s.stamps[k] = v
 	}
+	for _, t := range p.touched {
+		s.noteSeen(t)
+	}
+	p.touched = nil
 	if err := s.removeJournal(); err != nil {
 		return res, fmt.Errorf("staging: commit applied; remove journal: %w", err)
 	}
@@ -245,8 +276,16 @@ func writeIndexAt(dirfd int, name string, idx map[string]indexEntry) error {
 }
 
 func (s *Stager) removeJournal() error {
-	if err := removeAt(s.sfd, journal); err != nil {
+	if err := removeAt(s.lfd, journal); err != nil {
 		return err
+	}
+	if err := unix.Fsync(s.lfd); err != nil {
+		return err
+	}
+	for _, n := range []string{indexNext, indexPre} {
+		if err := unix.Unlinkat(s.sfd, n, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return err
+		}
 	}
 	return unix.Fsync(s.sfd)
 }
@@ -294,6 +333,9 @@ func (p *preparer) add(c Change) error {
 	if p.goneAncestor(c.Path) {
 		return p.refuse(c, ReasonUnderDel)
 	}
+	if p.conflictAncestor(c.Path) {
+		return p.conflict(c, ConflictParent)
+	}
 	s := p.s
 	r := record{N: p.n + 1, Op: c.Op, Path: c.Path}
 
@@ -319,6 +361,15 @@ func (p *preparer) add(c Change) error {
 		if err != nil {
 			return pathErr("stat", "work", c.Path, err)
 		}
+		var wst *unix.Stat_t
+		if ok {
+			wst = &st
+		}
+		if reason, err := p.checkConflict(c, wpar, name, wst); err != nil {
+			return err
+		} else if reason != "" {
+			return p.conflict(c, reason)
+		}
 		if ok {
 			r.Pre = typeOf(st.Mode)
 			r.NewUID, r.NewGID = st.Uid, st.Gid
@@ -341,8 +392,14 @@ func (p *preparer) add(c Change) error {
 			r.NewUID, r.NewGID = s.owner.UID, s.owner.GID
 		}
 	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
-		if dir, _ := splitRel(c.Path); crossesSymlink(s.wfd, dir) {
+		dir, _ := splitRel(c.Path)
+		if crossesSymlink(s.wfd, dir) {
 			return p.refuse(c, ReasonSymlinkW)
+		}
+		if _, had := s.seen[dir]; had {
+			// The agent's view has the directory; W lost it during
+			// the run (the user removed or renamed it).
+			return p.conflict(c, ConflictGone)
 		}
 		return p.refuse(c, ReasonParent)
 	case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV):
@@ -445,10 +502,21 @@ func (p *preparer) add(c Change) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	p.n = r.N
+	p.touched = append(p.touched, c.Path)
 	fault("prepare:image")
 
 	// Result and index.
 	p.res.Applied++
+	if r.New == TypeNone {
+		// A whiteout in U: remember it, so that a path the user creates
+		// again after the commit is not taken for a staged removal.
+		if upar, uname, err := parentOf(s.ufd, c.Path); err == nil {
+			if ust, ok, err := lstatAt(upar, uname); err == nil && ok && isWhiteout(upar, uname, &ust) {
+				p.stamps[c.Path] = stamp{uIno: ust.Ino, uCtime: ctimeNs(&ust), uSize: uint64(ust.Size)}
+			}
+			unix.Close(upar)
+		}
+	}
 	if r.New == TypeFile {
 		p.res.Bytes += c.Size
 		if st != nil {
@@ -692,12 +760,15 @@ func (s *Stager) apply(jfd, prefd, newfd int, stamps map[string]stamp) error {
 		}
 		fault("apply:op")
 	}
-	if err := unix.Renameat(newfd, jIndex, s.sfd, jIndex); err != nil {
+	if err := unix.Renameat(s.sfd, indexNext, s.sfd, jIndex); err != nil {
 		return fmt.Errorf("install index: %w", err)
 	}
 	fault("apply:index")
 	if err := unix.Syncfs(s.wfd); err != nil {
 		return fmt.Errorf("syncfs: %w", err)
+	}
+	if err := unix.Fsync(s.sfd); err != nil {
+		return fmt.Errorf("fsync state dir: %w", err)
 	}
 	fault("apply:synced")
 	return nil
@@ -802,8 +873,8 @@ func (s *Stager) rollback(jfd int) error {
 		fault("rollback:op")
 	}
 	if jr.Header.IndexPre {
-		if _, ok, _ := lstatAt(prefd, jIndex); ok {
-			if err := unix.Renameat(prefd, jIndex, s.sfd, jIndex); err != nil {
+		if _, ok, _ := lstatAt(s.sfd, indexPre); ok {
+			if err := unix.Renameat(s.sfd, indexPre, s.sfd, jIndex); err != nil {
 				return fmt.Errorf("restore index: %w", err)
 			}
 		}
@@ -813,6 +884,9 @@ func (s *Stager) rollback(jfd int) error {
 	fault("rollback:index")
 	if err := unix.Syncfs(s.wfd); err != nil {
 		return fmt.Errorf("syncfs: %w", err)
+	}
+	if err := unix.Fsync(s.sfd); err != nil {
+		return fmt.Errorf("fsync state dir: %w", err)
 	}
 	fault("rollback:synced")
 	return nil
@@ -880,17 +954,23 @@ func (s *Stager) undo(r *record, prefd int) error {
 	}
 }
 
-// recover finishes an interrupted commit: see the protocol above.
-func (s *Stager) recover() (Recovery, error) {
-	jfd, err := openat2(s.sfd, journal, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+// recover finishes an interrupted commit (see the protocol above), sets
+// s.recovery and returns the journaled paths.
+func (s *Stager) recover() ([]string, error) {
+	jfd, err := openat2(s.lfd, journal, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return Recovery{}, nil
+		// A journal removed, but not the index images after it.
+		if err := s.removeJournal(); err != nil {
+			return nil, fmt.Errorf("staging: recover: %w", err)
+		}
+		return nil, nil
 	}
 	if err != nil {
-		return Recovery{}, fmt.Errorf("staging: recover: %w", err)
+		return nil, fmt.Errorf("staging: recover: %w", err)
 	}
 	defer unix.Close(jfd)
 	rec := Recovery{Found: true}
+	var paths []string
 	_, hasRecords, _ := lstatAt(jfd, jRecords)
 	_, applying, _ := lstatAt(jfd, jApplying)
 	_, done, _ := lstatAt(jfd, jDone)
@@ -902,25 +982,71 @@ func (s *Stager) recover() (Recovery, error) {
 	default:
 		rec.Action = "rolled back"
 		if err := s.rollback(jfd); err != nil {
-			return rec, fmt.Errorf("staging: recover: %w", err)
+			s.recovery = rec
+			return nil, fmt.Errorf("staging: recover: %w", err)
 		}
 	}
 	if hasRecords {
 		if f, err := openJournal(jfd); err == nil {
 			if jr, err := newJournalReader(f, s.l.Journal); err == nil {
 				for {
-					if _, err := jr.Next(); err != nil {
+					r, err := jr.Next()
+					if err != nil {
 						break
 					}
 					rec.Ops++
+					paths = append(paths, r.Path)
 				}
 			}
 			f.Close()
 		}
 	}
-	if err := s.removeJournal(); err != nil {
-		return rec, fmt.Errorf("staging: recover: remove journal: %w", err)
+	s.recovery = rec
+	return paths, nil
+}
+
+// endRecovery removes the recovered journal and brings the stamps of W's
+// entries up to date: the entries a completed commit wrote get theirs,
+// and the entries whose ctime the journal's links moved (and removing
+// it moves again) get theirs back. Which entries were linked is not
+// known when the crash came before the records were complete, so every
+// stamp is refreshed (one stat per entry). A marker file keeps this
+// crash-safe: until the refresh is done, the next Open does it again.
+func (s *Stager) endRecovery(paths []string) error {
+	const marker = "restamp"
+	_, pending, err := lstatAt(s.lfd, marker)
+	if err != nil {
+		return fmt.Errorf("staging: recover: %w", err)
 	}
-	fault("recover:removed")
-	return rec, nil
+	if !s.recovery.Found && !pending {
+		return nil
+	}
+	if s.recovery.Action == "completed" {
+		for _, p := range paths {
+			s.noteSeen(p)
+		}
+	}
+	if s.recovery.Found {
+		if s.seenFd >= 0 {
+			if err := unix.Fsync(s.seenFd); err != nil {
+				return fmt.Errorf("staging: recover: seen log: %w", err)
+			}
+		}
+		if err := writeFileSync(s.lfd, marker, nil); err != nil {
+			return fmt.Errorf("staging: recover: %w", err)
+		}
+		if err := s.removeJournal(); err != nil {
+			return fmt.Errorf("staging: recover: remove journal: %w", err)
+		}
+		fault("recover:removed")
+	}
+	if !s.fresh {
+		for p := range s.seen {
+			s.restamp(p)
+		}
+	}
+	if err := unix.Unlinkat(s.lfd, marker, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("staging: recover: %w", err)
+	}
+	return nil
 }

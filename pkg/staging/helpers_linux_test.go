@@ -104,13 +104,12 @@ func userXattrString(t testing.TB, p string) string {
 
 // env is a mounted staging session in temporary directories.
 type env struct {
-	t      *testing.T
-	base   string
-	W, S   string
-	M      string
-	st     *Stager
-	cfg    Config
-	closed bool
+	t    *testing.T
+	base string
+	W, S string
+	M    string
+	st   *Stager
+	cfg  Config
 }
 
 // newEnv makes W, fills it with populate, opens and mounts the staging.

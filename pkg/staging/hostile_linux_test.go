@@ -238,10 +238,9 @@ func TestHostileLargeFiles(t *testing.T) {
 		t.Fatalf("over-limit file in W: %v", err)
 	}
 	// A file that grows past the limit after the scan is refused too.
-	cs := e.changes()
 	must(t, os.Remove(e.m("over")))
 	writeFile(t, e.m("grow"), "small", 0o644)
-	cs = e.changes()
+	cs := e.changes()
 	writeFile(t, e.m("grow"), strings.Repeat("c", limit+1), 0o644)
 	res = e.commit(cs)
 	if len(res.Refused) != 1 || res.Refused[0].Path != "grow" {

@@ -29,11 +29,18 @@ type Config struct {
 	// WorkDir is W, the principal's working directory: absolute. It is
 	// changed only by Commit.
 	WorkDir string
-	// StateDir holds the session's layers, journal and index: absolute,
-	// neither inside WorkDir nor containing it, and on the same mount as
-	// WorkDir (the frozen base is a hard-link farm of W and journal
-	// pre-images are links; Open checks it).
+	// StateDir is W's state: the committed labels and created-path index,
+	// the pending labels, the lock, and the conflicts (the agent's
+	// versions of paths the user changed under it). It must survive runs
+	// and reboots (not under /run) and is absolute, neither inside
+	// WorkDir nor containing it. Any filesystem.
 	StateDir string
+	// LayerDir holds what must be on W's mount: the base B (a hard-link
+	// farm of W), the upper layer U, the overlay's work directory, the
+	// base stamps and the commit journal (its pre-images are hard links
+	// to W's entries and its new images are renamed into W; Open checks
+	// the mount). Empty: StateDir (which must then be on W's mount).
+	LayerDir string
 	// MergedDir is where the merged view M is mounted; empty means
 	// StateDir/merged. It must not be inside WorkDir.
 	MergedDir string
@@ -70,9 +77,12 @@ func (o MountOption) String() string {
 // overlay mount. Plan builds it without touching the system.
 type Layout struct {
 	Work     string // W: the principal's working directory
-	State    string // the session's state directory
-	Base     string // B: frozen hard-link farm of W, the overlay's lower layer
+	State    string // W's state directory (labels, lock, conflicts)
+	Layers   string // the layer directory, on W's mount
+	Base     string // B: hard-link farm of W made when the run starts, the overlay's lower layer
 	BaseDone string // marker file: B is complete
+	Seen     string // log of the stamps of W's entries as the agent's view has them
+	Finished string // marker file: the run ended, its layers are discarded at the next Open
 	Upper    string // U: the staging (upper) layer
 	OvlWork  string // overlayfs work directory (same filesystem as U)
 	Merged   string // M: the merged view exported to the guest
@@ -80,6 +90,9 @@ type Layout struct {
 	Index    string // the committed labels and created-path index
 	Pending  string // log of the labels of staged, uncommitted writes
 	Lock     string // lock file: one carbd per state directory
+	// Conflicts holds, per run, the agent's versions of the paths that
+	// were not committed because W changed under them.
+	Conflicts string
 
 	FSType  string        // "overlay"
 	Source  string        // mount source name shown in /proc/mounts
@@ -141,22 +154,38 @@ func Plan(cfg Config) (*Layout, error) {
 	if within(w, st) {
 		return nil, fmt.Errorf("%w: WorkDir %q is inside StateDir %q", errConfig, w, st)
 	}
+	ld := st
+	if cfg.LayerDir != "" {
+		if ld, err = absClean("LayerDir", cfg.LayerDir); err != nil {
+			return nil, err
+		}
+		if within(ld, w) || within(w, ld) {
+			return nil, fmt.Errorf("%w: LayerDir %q overlaps WorkDir %q", errConfig, ld, w)
+		}
+		if ld != st && (within(ld, st) || within(st, ld)) {
+			return nil, fmt.Errorf("%w: LayerDir %q and StateDir %q are nested", errConfig, ld, st)
+		}
+	}
 	l := &Layout{
-		Work:     w,
-		State:    st,
-		Base:     filepath.Join(st, "base"),
-		BaseDone: filepath.Join(st, "base.done"),
-		Upper:    filepath.Join(st, "upper"),
-		OvlWork:  filepath.Join(st, "ovlwork"),
-		Merged:   filepath.Join(st, "merged"),
-		Journal:  filepath.Join(st, "journal"),
-		Index:    filepath.Join(st, "index"),
-		Pending:  filepath.Join(st, "pending"),
-		Lock:     filepath.Join(st, "lock"),
-		FSType:   "overlay",
-		Source:   "carbd",
-		NoDev:    true,
-		NoSUID:   true,
+		Work:      w,
+		State:     st,
+		Layers:    ld,
+		Base:      filepath.Join(ld, "base"),
+		BaseDone:  filepath.Join(ld, "base.done"),
+		Seen:      filepath.Join(ld, "seen"),
+		Finished:  filepath.Join(ld, "finished"),
+		Upper:     filepath.Join(ld, "upper"),
+		OvlWork:   filepath.Join(ld, "ovlwork"),
+		Merged:    filepath.Join(ld, "merged"),
+		Journal:   filepath.Join(ld, "journal"),
+		Index:     filepath.Join(st, "index"),
+		Pending:   filepath.Join(st, "pending"),
+		Lock:      filepath.Join(st, "lock"),
+		Conflicts: filepath.Join(st, "conflicts"),
+		FSType:    "overlay",
+		Source:    "carbd",
+		NoDev:     true,
+		NoSUID:    true,
 	}
 	if cfg.MergedDir != "" {
 		m, err := absClean("MergedDir", cfg.MergedDir)

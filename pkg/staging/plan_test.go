@@ -14,19 +14,23 @@ func TestPlanLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Layout{
-		Work:     "/home/p/work",
-		State:    "/home/p/.carbd/s1",
-		Base:     "/home/p/.carbd/s1/base",
-		BaseDone: "/home/p/.carbd/s1/base.done",
-		Upper:    "/home/p/.carbd/s1/upper",
-		OvlWork:  "/home/p/.carbd/s1/ovlwork",
-		Merged:   "/home/p/.carbd/s1/merged",
-		Journal:  "/home/p/.carbd/s1/journal",
-		Index:    "/home/p/.carbd/s1/index",
-		Pending:  "/home/p/.carbd/s1/pending",
-		Lock:     "/home/p/.carbd/s1/lock",
-		FSType:   "overlay",
-		Source:   "carbd",
+		Work:      "/home/p/work",
+		State:     "/home/p/.carbd/s1",
+		Layers:    "/home/p/.carbd/s1",
+		Base:      "/home/p/.carbd/s1/base",
+		BaseDone:  "/home/p/.carbd/s1/base.done",
+		Seen:      "/home/p/.carbd/s1/seen",
+		Finished:  "/home/p/.carbd/s1/finished",
+		Upper:     "/home/p/.carbd/s1/upper",
+		OvlWork:   "/home/p/.carbd/s1/ovlwork",
+		Merged:    "/home/p/.carbd/s1/merged",
+		Journal:   "/home/p/.carbd/s1/journal",
+		Index:     "/home/p/.carbd/s1/index",
+		Pending:   "/home/p/.carbd/s1/pending",
+		Lock:      "/home/p/.carbd/s1/lock",
+		Conflicts: "/home/p/.carbd/s1/conflicts",
+		FSType:    "overlay",
+		Source:    "carbd",
 		Options: []MountOption{
 			{"lowerdir", "/home/p/.carbd/s1/base"},
 			{"upperdir", "/home/p/.carbd/s1/upper"},
@@ -55,6 +59,32 @@ func TestPlanLayout(t *testing.T) {
 	for _, o := range l.Options {
 		if strings.Contains(o.Value, l.Work) {
 			t.Errorf("option %s names the working directory", o)
+		}
+	}
+}
+
+// W's state and its layers apart: labels, lock and conflicts in the
+// state directory (any filesystem), everything hard links and renames
+// need on W's mount in the layer directory.
+func TestPlanLayerDir(t *testing.T) {
+	l, err := Plan(Config{WorkDir: "/home/p/work", StateDir: "/var/lib/carbd/w/x1", LayerDir: "/home/p/.carbd/s1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []string{l.Index, l.Pending, l.Lock, l.Conflicts, l.Base, l.Upper, l.OvlWork, l.Journal, l.Seen, l.Merged}
+	want := []string{"/var/lib/carbd/w/x1/index", "/var/lib/carbd/w/x1/pending", "/var/lib/carbd/w/x1/lock", "/var/lib/carbd/w/x1/conflicts",
+		"/home/p/.carbd/s1/base", "/home/p/.carbd/s1/upper", "/home/p/.carbd/s1/ovlwork", "/home/p/.carbd/s1/journal", "/home/p/.carbd/s1/seen", "/home/p/.carbd/s1/merged"}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("layout (-want +got):\n%s", d)
+	}
+	for _, bad := range []Config{
+		{WorkDir: "/w", StateDir: "/s", LayerDir: "/w/l"},
+		{WorkDir: "/w/x", StateDir: "/s", LayerDir: "/w"},
+		{WorkDir: "/w", StateDir: "/s", LayerDir: "/s/l"},
+		{WorkDir: "/w", StateDir: "/s", LayerDir: "l"},
+	} {
+		if _, err := Plan(bad); !errors.Is(err, errConfig) {
+			t.Errorf("Plan(%+v) = %v, want a config error", bad, err)
 		}
 	}
 }

@@ -220,9 +220,24 @@ func (sc *scanner) entry(rel, name string, ufd, wfd, bfd, depth int) error {
 			prev = typeOf(wst.Mode)
 		}
 	}
+	if old, ok := sc.s.stamps[p]; ok && old.uIno == ust.Ino && old.uCtime == ctimeNs(&ust) && old.uSize == uint64(ust.Size) {
+		// The agent has not changed this entry since it was committed:
+		// whatever W holds now is the user's, not a staged change.
+		return nil
+	}
 	if isWhiteout(ufd, name, &ust) {
+		if _, seen := sc.s.seen[p]; !seen && prev != TypeNone {
+			// The agent's view never had W's entry here (the user made
+			// it during the run): the whiteout removes nothing of it.
+			return nil
+		}
 		if prev != TypeNone && prev != TypeSpecial {
 			return sc.emit(removal(p, prev))
+		}
+		if prev == TypeNone {
+			// Removed in both: the agent's removal is done.
+			sc.s.stamps[p] = stamp{uIno: ust.Ino, uCtime: ctimeNs(&ust), uSize: uint64(ust.Size)}
+			sc.agree(p, nil)
 		}
 		return nil
 	}
@@ -354,9 +369,29 @@ func (sc *scanner) file(p, name string, ufd, wfd int, ust *unix.Stat_t, prev Typ
 		c.Op = OpXattr
 	default:
 		sc.s.stamps[p] = stp
+		sc.agree(p, wst)
 		return nil
 	}
 	return sc.emit(c)
+}
+
+// agree records that the agent's view and W agree at p (W's entry wst,
+// or absent when wst is nil), whoever made them agree: the entry W has
+// now is the one a later staged change of p replaces.
+func (sc *scanner) agree(p string, wst *unix.Stat_t) {
+	s := sc.s
+	old, had := s.seen[p]
+	if wst == nil {
+		if had {
+			forgetBelow(s.seen, p)
+			s.appendSeen(appendSeenDel(nil, p))
+		}
+		return
+	}
+	if w := stampOf(wst); !had || old != w {
+		s.seen[p] = w
+		s.appendSeen(appendSeenSet(nil, p, w))
+	}
 }
 
 func ctimeNs(st *unix.Stat_t) uint64 {

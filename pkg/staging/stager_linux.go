@@ -2,6 +2,7 @@ package staging
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -31,9 +32,16 @@ type Stager struct {
 	lockFd   int              // the flock'ed lock file
 	pendFd   int              // guarded by mu: the pending-label log, opened for appending
 	sfd      int              // state directory
+	lfd      int              // layer directory
 	wfd      int              // W's root
 	ufd      int              // U's root
 	bfd      int              // B's root
+
+	runID     string                 // set by Open
+	fresh     bool                   // set by Open: the base was built by this Open
+	seen      map[string]wstamp      // guarded by mu: W's entries as the agent's view has them
+	seenFd    int                    // guarded by mu: the seen log, opened for appending
+	preserved map[string]keptVersion // guarded by mu: conflicting changes kept this run
 }
 
 // stamp remembers the upper and working entries of a path whose staged
@@ -75,7 +83,8 @@ func Open(cfg Config) (*Stager, error) {
 
 // OpenLayout is Open with a layout from Plan.
 func OpenLayout(l *Layout) (_ *Stager, err error) {
-	s := &Stager{l: l, lockFd: -1, pendFd: -1, sfd: -1, wfd: -1, ufd: -1, bfd: -1, stamps: make(map[string]stamp)}
+	s := &Stager{l: l, lockFd: -1, pendFd: -1, sfd: -1, lfd: -1, wfd: -1, ufd: -1, bfd: -1, seenFd: -1,
+		stamps: make(map[string]stamp), preserved: make(map[string]keptVersion), runID: newRunID()}
 	defer func() {
 		if err != nil {
 			s.closeFds()
@@ -90,6 +99,12 @@ func OpenLayout(l *Layout) (_ *Stager, err error) {
 	if s.sfd, err = openRoot(l.State); err != nil {
 		return nil, fmt.Errorf("staging: state dir: %w", err)
 	}
+	if err := os.MkdirAll(l.Layers, 0o700); err != nil {
+		return nil, fmt.Errorf("staging: layer dir: %w", err)
+	}
+	if s.lfd, err = openRoot(l.Layers); err != nil {
+		return nil, fmt.Errorf("staging: layer dir: %w", err)
+	}
 	if s.lockFd, err = unix.Open(l.Lock, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600); err != nil {
 		return nil, fmt.Errorf("staging: lock %s: %w", l.Lock, err)
 	}
@@ -99,8 +114,8 @@ func OpenLayout(l *Layout) (_ *Stager, err error) {
 		}
 		return nil, fmt.Errorf("staging: lock %s: %w", l.Lock, err)
 	}
-	if err := sameMount(s.wfd, s.sfd); err != nil {
-		return nil, fmt.Errorf("staging: state dir %s and work dir %s: %w", l.State, l.Work, err)
+	if err := sameMount(s.wfd, s.lfd); err != nil {
+		return nil, fmt.Errorf("staging: layer dir %s and work dir %s: %w", l.Layers, l.Work, err)
 	}
 	var wst unix.Stat_t
 	if err := unix.Fstat(s.wfd, &wst); err != nil {
@@ -110,10 +125,17 @@ func OpenLayout(l *Layout) (_ *Stager, err error) {
 	if l.Owner != nil {
 		s.owner = *l.Owner
 	}
-	if s.recovery, err = s.recover(); err != nil {
+	recovered, err := s.recover()
+	if err != nil {
 		return nil, err
 	}
 	if err := s.ensureBase(wst.Mode & 0o7777); err != nil {
+		return nil, err
+	}
+	if err := s.loadSeen(); err != nil {
+		return nil, err
+	}
+	if err := s.endRecovery(recovered); err != nil {
 		return nil, err
 	}
 	for _, d := range []string{l.OvlWork, l.Merged} {
@@ -130,6 +152,11 @@ func OpenLayout(l *Layout) (_ *Stager, err error) {
 	idx, err := s.loadIndex()
 	if err != nil {
 		return nil, err
+	}
+	if s.fresh {
+		if idx, err = s.resetCreated(idx); err != nil {
+			return nil, err
+		}
 	}
 	s.labels = newLabels(idx)
 	data, err := os.ReadFile(l.Pending)
@@ -226,7 +253,7 @@ func (s *Stager) Close() error {
 }
 
 func (s *Stager) closeFds() {
-	for _, fd := range []*int{&s.wfd, &s.ufd, &s.bfd, &s.sfd, &s.pendFd, &s.lockFd} {
+	for _, fd := range []*int{&s.wfd, &s.ufd, &s.bfd, &s.sfd, &s.lfd, &s.pendFd, &s.seenFd, &s.lockFd} {
 		if *fd >= 0 {
 			unix.Close(*fd)
 			*fd = -1
@@ -479,13 +506,25 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-// ensureBase builds B, the frozen hard-link farm of W, unless a complete
-// one exists (base.done).
+// ensureBase builds B, a hard-link farm of W as it is now, and the seen
+// log of its stamps, unless the layers of a run that did not finish are
+// there (base.done without finished): those are resumed, so that their
+// staged changes are still decided. A finished run's layers are
+// discarded first.
 func (s *Stager) ensureBase(rootMode uint32) error {
 	l := s.l
-	if _, err := os.Lstat(l.BaseDone); err == nil {
+	_, finishedErr := os.Lstat(l.Finished)
+	if finishedErr == nil {
+		if err := s.discardLayers(); err != nil {
+			return err
+		}
+	} else if _, err := os.Lstat(l.BaseDone); err == nil {
+		if _, err := os.Lstat(l.Seen); err != nil {
+			return fmt.Errorf("%w: %s is complete but %s is missing", ErrCorrupt, l.Base, l.Seen)
+		}
 		return nil
 	}
+	s.fresh = true
 	// No complete base: nothing can be staged yet, so a non-empty upper
 	// layer means the state directory is not one this code made.
 	if ents, err := os.ReadDir(l.Upper); err == nil && len(ents) > 0 {
@@ -493,6 +532,9 @@ func (s *Stager) ensureBase(rootMode uint32) error {
 	}
 	if err := os.RemoveAll(l.Base); err != nil {
 		return fmt.Errorf("staging: remove partial base: %w", err)
+	}
+	if err := os.RemoveAll(l.OvlWork); err != nil {
+		return fmt.Errorf("staging: remove the overlay work dir: %w", err)
 	}
 	for _, d := range []string{l.Base, l.Upper} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -508,13 +550,19 @@ func (s *Stager) ensureBase(rootMode uint32) error {
 		return fmt.Errorf("staging: base dir: %w", err)
 	}
 	defer unix.Close(bfd)
-	if err := linkFarm(s.wfd, bfd, ""); err != nil {
+	seen := []byte(seenMagic)
+	if err := linkFarm(s.wfd, bfd, "", func(rel string, st *unix.Stat_t) {
+		seen = appendSeenSet(seen, rel, stampOf(st))
+	}); err != nil {
 		return fmt.Errorf("staging: build base from %s: %w", l.Work, err)
+	}
+	if err := writeFileSync(s.lfd, filepath.Base(l.Seen), seen); err != nil {
+		return fmt.Errorf("staging: seen log: %w", err)
 	}
 	if err := unix.Syncfs(bfd); err != nil {
 		return fmt.Errorf("staging: sync base: %w", err)
 	}
-	if err := writeFileSync(s.sfd, filepath.Base(l.BaseDone), []byte("ok\n")); err != nil {
+	if err := writeFileSync(s.lfd, filepath.Base(l.BaseDone), []byte("ok\n")); err != nil {
 		return fmt.Errorf("staging: %w", err)
 	}
 	return nil
@@ -523,8 +571,9 @@ func (s *Stager) ensureBase(rootMode uint32) error {
 // linkFarm mirrors the directory src into dst: directories recreated
 // with their mode, owner and user.* xattrs, regular files hard-linked,
 // symlinks copied. Device nodes, FIFOs and sockets are left out, so the
-// guest never sees them.
-func linkFarm(src, dst int, rel string) error {
+// guest never sees them. seen gets the stat of every mirrored W entry as
+// it is once mirrored (a file's after its link, which moves its ctime).
+func linkFarm(src, dst int, rel string, seen func(rel string, st *unix.Stat_t)) error {
 	return dirNames(src, func(names []string) error {
 		for _, name := range names {
 			st, ok, err := lstatAt(src, name)
@@ -539,7 +588,13 @@ func linkFarm(src, dst int, rel string) error {
 				if err := unix.Linkat(src, name, dst, name, 0); err != nil {
 					return pathErr("link", "work", joinRel(rel, name), err)
 				}
+				lst, ok, err := lstatAt(dst, name)
+				if err != nil || !ok {
+					return pathErr("stat", "base", joinRel(rel, name), err)
+				}
+				seen(joinRel(rel, name), &lst)
 			case TypeSymlink:
+				seen(joinRel(rel, name), &st)
 				t, err := readlinkAt(src, name)
 				if err != nil {
 					return pathErr("readlink", "work", joinRel(rel, name), err)
@@ -561,7 +616,8 @@ func linkFarm(src, dst int, rel string) error {
 					unix.Close(sfd)
 					return pathErr("open", "base", joinRel(rel, name), err)
 				}
-				err = linkFarm(sfd, dfd, joinRel(rel, name))
+				seen(joinRel(rel, name), &st)
+				err = linkFarm(sfd, dfd, joinRel(rel, name), seen)
 				if err == nil {
 					err = copyAttrs(sfd, dfd, &st)
 				}
@@ -608,4 +664,33 @@ func (s *Stager) loadIndex() (map[string]indexEntry, error) {
 		return nil, fmt.Errorf("staging: %w", err)
 	}
 	return decodeIndex(data, s.l.Index)
+}
+
+// resetCreated clears the created marks of the index when a fresh base is
+// built: what earlier runs created and W still has is in the new base;
+// what W lost since is not the agent's to remove. A path is marked
+// created again when a commit of this run creates it.
+func (s *Stager) resetCreated(idx map[string]indexEntry) (map[string]indexEntry, error) {
+	changed := false
+	out := make(map[string]indexEntry, len(idx))
+	for p, e := range idx {
+		if e.Created {
+			changed = true
+			e.Created = false
+		}
+		if e.HasLabel {
+			out[p] = e
+		}
+	}
+	if !changed {
+		return idx, nil
+	}
+	var b bytes.Buffer
+	if err := encodeIndex(&b, out); err != nil {
+		return nil, fmt.Errorf("staging: index: %w", err)
+	}
+	if err := writeFileSync(s.sfd, filepath.Base(s.l.Index), b.Bytes()); err != nil {
+		return nil, fmt.Errorf("staging: index: %w", err)
+	}
+	return out, nil
 }

@@ -45,7 +45,12 @@ func (*Stager) Commit(context.Context, []Change) (*Result, error) { return nil, 
 func (*Stager) Abort(context.Context, []Change) (*Result, error)  { return nil, errUnsupported }
 func (*Stager) Event(c Change) (decide.Event, error)              { return c.Event(), errUnsupported }
 func (*Stager) OpenStaged(Change) (io.ReadCloser, error)          { return nil, errUnsupported }
-func (*Scope) Stage(string, decide.Label) error                   { return errUnsupported }
-func (*Scope) Changes(context.Context) ([]Change, error)          { return nil, errUnsupported }
-func (*Scope) Commit(context.Context) (*Result, error)            { return nil, errUnsupported }
-func (*Scope) Abort(context.Context) (*Result, error)             { return nil, errUnsupported }
+func (*Stager) RunID() string                                     { return "" }
+func (*Stager) Fresh() bool                                       { return false }
+func (*Stager) Finish(context.Context, func(Change) bool) ([]Conflict, error) {
+	return nil, errUnsupported
+}
+func (*Scope) Stage(string, decide.Label) error          { return errUnsupported }
+func (*Scope) Changes(context.Context) ([]Change, error) { return nil, errUnsupported }
+func (*Scope) Commit(context.Context) (*Result, error)   { return nil, errUnsupported }
+func (*Scope) Abort(context.Context) (*Result, error)    { return nil, errUnsupported }
