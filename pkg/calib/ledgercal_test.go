@@ -105,10 +105,6 @@ func TestCalibrateLedgerHandComputed(t *testing.T) {
 	}
 }
 
-func contains(s, sub string) bool {
-	return len(sub) == 0 || len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub))
-}
-
 // randomEpisode draws an episode whose harm is more likely on high
 // scores; scores lie on a grid of .05 so that ties occur.
 func randomEpisode(r *rand.Rand) LedgerEpisode {
