@@ -60,13 +60,34 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 		}
 		ev.Fields = fs
 	}
+
+	// The operator's rules and the credentials' bindings are decided on
+	// the effect as it is; then every credential value in it is replaced
+	// by its marker ($NAME), so that no record of the effect (audit,
+	// status, the oracle's view, notices) holds a value. The rest of the
+	// pipeline sees the markers: a second evaluation of the same event
+	// (after a scope resolution) decides the same.
+	rule, refused := p.MatchRefuse(ev)
+	carried, unbound := p.credentialCheck(ev, spec)
+	if len(carried) > 0 {
+		p.creds.redactEvent(ev)
+	}
 	d.Fields = ev.Fields
 
 	// 1. An explicit rule of the operator.
-	if r, ok := p.MatchRefuse(ev); ok {
+	if refused {
 		d.Verdict, d.Layer, d.Policy = Refuse, LayerRule, Refuse
-		d.Reason = Reason{Code: CodeRefuseRule, Rule: r.Name}
-		d.Justification = fmt.Sprintf("refused by the operator's rule %q", r.Name)
+		d.Reason = Reason{Code: CodeRefuseRule, Rule: rule.Name}
+		d.Justification = fmt.Sprintf("refused by the operator's rule %q", rule.Name)
+		return d
+	}
+	// A credential handed to the agent goes only where it is bound
+	// (Guarantee 7), whatever the other checks say.
+	if unbound != "" {
+		d.Verdict, d.Layer, d.Policy = Refuse, LayerRule, Refuse
+		d.Reason = Reason{Code: CodeCredential, Rule: unbound, Value: clip(destName(ev, spec), 200)}
+		d.Justification = fmt.Sprintf("carries the credential %s, which may be sent only to %s; %s is not bound to it",
+			CredentialMarker(unbound), p.credentialWhere(unbound), credentialDest(ev, spec))
 		return d
 	}
 	// Internal channels (the model provider) are released and logged.
@@ -91,8 +112,11 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 	// roles and the destinations embedded in content (subfields.go).
 	var buf [8]gatedItem
 	for _, it := range gatedItems(buf[:0], spec, ev.Fields) {
-		if !e.derivableItem(it) {
+		if !e.derivableItem(it) && !p.boundCredentialItem(it, ev, spec) {
 			d.Verdict, d.Layer, d.Policy = Defer, LayerProvenance, Defer
+			if spec.RefuseUntrusted {
+				d.Verdict, d.Policy = Refuse, Refuse
+			}
 			d.Reason = Reason{Code: CodeUntrustedValue, Field: it.Field, Role: it.Role, Value: clip(it.Value, 200), Origin: e.originOf(it.Value)}
 			what := "in field " + it.Field
 			if it.embedded {
@@ -111,7 +135,7 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 // cleared for its destination.
 func (e *Engine) clearanceCheck(p *Policy, ev *Event, spec *OpSpec, d Decision) Decision {
 	clearance, party, known := e.clearance(p, ev, spec)
-	level, tok, tokOrigin := e.sensitivity(ev, spec)
+	level, tok, tokOrigin := e.sensitivity(p, ev, spec)
 	if !known && p.UnknownPartyDefer {
 		d.Verdict, d.Layer, d.Policy = Defer, LayerProvenance, Defer
 		d.Reason = Reason{Code: CodeUnknownParty, Value: clip(destName(ev, spec), 200)}
@@ -235,7 +259,8 @@ func (e *Engine) clearance(p *Policy, ev *Event, spec *OpSpec) (Level, string, b
 
 // sensitivity is ℓ(e): the join of the levels of S tokens occurring
 // anywhere in the effect (object, fields, content). An opaque effect may
-// carry anything read so far. Three kinds of hits are not data the effect
+// carry anything read so far, and every credential handed to the agent
+// that is not bound to its destination. Three kinds of hits are not data the effect
 // carries (docs/provenance.md, "What counts as carried data"):
 //
 //   - the destination's own identity: an item of the destination field
@@ -246,7 +271,7 @@ func (e *Engine) clearance(p *Policy, ev *Event, spec *OpSpec) (Level, string, b
 //   - tokens the principal's task itself contains: the user supplied them;
 //   - tokens that are not distinctive (match.Distinctive): ordinary words
 //     and field names read from a sensitive source.
-func (e *Engine) sensitivity(ev *Event, spec *OpSpec) (Level, string, string) {
+func (e *Engine) sensitivity(p *Policy, ev *Event, spec *OpSpec) (Level, string, string) {
 	var best Level
 	var tok, origin string
 	normTask, taskDone := "", false
@@ -257,8 +282,12 @@ func (e *Engine) sensitivity(ev *Event, spec *OpSpec) (Level, string, string) {
 		}
 		return s
 	}
+	var credLevel Level // credentials not bound to the destination an opaque effect may carry
+	if ev.Opaque {
+		credLevel = p.credentialLevel(ev, spec)
+	}
 	if e.sens.Len() == 0 {
-		return 0, "", ""
+		return credLevel, "", ""
 	}
 	scan := func(s string) {
 		if s == "" {
@@ -296,6 +325,9 @@ func (e *Engine) sensitivity(ev *Event, spec *OpSpec) (Level, string, string) {
 	scan(ev.Content)
 	if ev.Opaque && e.sensMax > best {
 		best, tok, origin = e.sensMax, "", ""
+	}
+	if credLevel > best {
+		best, tok, origin = credLevel, "", ""
 	}
 	return best, tok, origin
 }
@@ -341,4 +373,12 @@ func (e *Engine) destIdentities(ev *Event, spec *OpSpec) []string {
 		}
 	}
 	return out
+}
+
+// credentialDest names an effect's destination for a credential refusal.
+func credentialDest(ev *Event, spec *OpSpec) string {
+	if ev.Ch == ChanFile {
+		return "the working directory"
+	}
+	return fmt.Sprintf("%q", clip(destName(ev, spec), 80))
 }

@@ -262,6 +262,12 @@ type OpSpec struct {
 	// External marks the effect as an external sink. Net effects are
 	// external unless the destination is an internal channel.
 	External bool
+	// RefuseUntrusted: a gated value not derivable from trusted sources
+	// refuses the effect at once instead of deferring it to the oracle
+	// (policy key on_untrusted: refuse). For effects the agent makes on
+	// its own that nobody should be asked about, such as the DNS lookups
+	// of an agent's telemetry and update checks.
+	RefuseUntrusted bool
 }
 
 // RoleSet is a set of roles as a bit mask.
@@ -298,6 +304,12 @@ type Policy struct {
 	// deferred even when its values are trusted (Kairos). When false, an
 	// unnamed party has the lowest clearance.
 	UnknownPartyDefer bool
+
+	// Credentials are the secrets handed to the agent and the
+	// destinations each is bound to (credentials.go). Their values are
+	// not part of the policy file: WithCredentials binds them for a run.
+	Credentials []Credential
+	creds       *credentialSet // the bound values; nil: none
 }
 
 // LevelName returns the name of a level.
@@ -385,6 +397,17 @@ func (p *Policy) Party(ev *Event, dest string) (*Party, bool) {
 }
 
 func (pt *Party) matches(ev *Event, dest string) bool {
+	if names, ok := dnsNames(ev); ok {
+		// A lookup of a party's name belongs to the party whatever ports
+		// it lists: ports restrict the party's traffic, not the lookup
+		// that precedes it. Every name the query asks about must match.
+		for _, n := range names {
+			if !matchAny(pt.Endpoint.Hosts, strings.ToLower(strings.TrimSuffix(n, "."))) {
+				return false
+			}
+		}
+		return true
+	}
 	if ev.Ch == ChanNet && pt.Endpoint.Match(ev.Dest) {
 		return true
 	}
@@ -397,4 +420,28 @@ func (pt *Party) matches(ev *Event, dest string) bool {
 		}
 	}
 	return ev.Ch != ChanFile && matchAny(pt.Objects, ev.Obj)
+}
+
+// OpDNSQuery is the operation of a DNS query (pkg/hooks/netparse).
+const OpDNSQuery = "dns:query"
+
+// fieldQName is the field holding a DNS query's name, one per question.
+const fieldQName = "qname"
+
+// dnsNames returns the names a DNS query asks about: its qname fields,
+// or its destination's host when it has none.
+func dnsNames(ev *Event) ([]string, bool) {
+	if ev.Ch != ChanNet || ev.Op != OpDNSQuery {
+		return nil, false
+	}
+	var names []string
+	for _, f := range ev.Fields {
+		if f.Name == fieldQName {
+			names = append(names, f.Value)
+		}
+	}
+	if len(names) == 0 && ev.Dest != nil && ev.Dest.Host != "" {
+		names = append(names, ev.Dest.Host)
+	}
+	return names, len(names) > 0
 }

@@ -222,14 +222,15 @@ func (p *policyParser) syntaxError(err error) {
 }
 
 var (
-	policyTopKeys       = []string{"version", "levels", "trusted", "sensitive", "parties", "unknown_parties", "internal", "refuse", "operations", "defaults"}
+	policyTopKeys       = []string{"version", "levels", "trusted", "sensitive", "parties", "unknown_parties", "internal", "credentials", "refuse", "operations", "defaults"}
 	policyTrustedKeys   = []string{"task", "values", "paths", "hosts", "cidrs", "ports", "objects"}
 	policySensitiveKeys = []string{"name", "level", "paths", "hosts", "cidrs", "ports", "objects"}
 	policyPartyKeys     = []string{"name", "hosts", "cidrs", "ports", "objects", "clearance"}
 	policyInternalKeys  = []string{"name", "hosts", "cidrs", "ports", "objects"}
 	policyRefuseKeys    = []string{"name", "ops", "paths", "hosts", "cidrs", "ports", "values"}
-	policyOpKeys        = []string{"ops", "kind", "gate", "roles", "dest_field", "financial", "irreversible", "message", "external"}
-	policyDefaultsKeys  = []string{"kind", "gate", "financial", "irreversible", "message", "external"}
+	policyOpKeys        = []string{"ops", "kind", "gate", "on_untrusted", "roles", "dest_field", "financial", "irreversible", "message", "external"}
+	policyDefaultsKeys  = []string{"kind", "gate", "on_untrusted", "financial", "irreversible", "message", "external"}
+	policyCredKeys      = []string{"name", "parties", "hosts", "cidrs", "ports", "level"}
 )
 
 func (p *policyParser) parse(data []byte) *Policy {
@@ -270,6 +271,9 @@ func (p *policyParser) parse(data []byte) *Policy {
 		for i := range pol.Internal {
 			pol.Internal[i].Clearance = pol.TopLevel()
 		}
+	}
+	if v := m["credentials"]; nodePresent(v) {
+		p.parseCredentials(v, pol, partyNames)
 	}
 	if v := m["unknown_parties"]; nodePresent(v) {
 		if s, ok := p.str(v, "unknown_parties"); ok {
@@ -952,6 +956,62 @@ func (p *policyParser) parseParties(n *yaml.Node, section string, names map[stri
 	return out
 }
 
+// parseCredentials reads the credentials section: which parties may
+// receive each secret handed to the agent. Parties are resolved against
+// the parties and internal channels (names).
+func (p *policyParser) parseCredentials(n *yaml.Node, pol *Policy, parties map[string]*yaml.Node) {
+	items, ok := p.seq(n, "credentials")
+	if !ok {
+		return
+	}
+	seen := map[string]*yaml.Node{}
+	for i, it := range items {
+		ip := itemPath("credentials", i)
+		m, ok := p.fields(it, ip, policyCredKeys, false)
+		if !ok {
+			continue
+		}
+		var name string
+		if v := m["name"]; !nodePresent(v) {
+			p.errAt(it, ip, "name is required: the environment variable that holds the credential")
+		} else if s, ok := p.str(v, fieldPath(ip, "name")); ok {
+			name = s
+			switch first, dup := seen[s]; {
+			case !ValidEnvName(s):
+				p.errAt(v, fieldPath(ip, "name"), "invalid name %q (want an environment variable name: letters, digits and '_', not starting with a digit)", clipForMsg(s))
+			case dup:
+				p.errAt(v, fieldPath(ip, "name"), "credential %q is already declared at line %d", s, first.Line)
+			default:
+				seen[s] = v
+			}
+		}
+		c := Credential{Name: name, Level: pol.TopLevel()}
+		if v := m["parties"]; nodePresent(v) {
+			pp := fieldPath(ip, "parties")
+			c.Parties = policyList(p, v, pp, func(n *yaml.Node, path string) (string, bool) {
+				s, ok := p.str(n, path)
+				if !ok {
+					return "", false
+				}
+				if _, ok := parties[s]; !ok {
+					p.errAt(n, path, "party %q is not declared in parties or internal", clipForMsg(s))
+					return "", false
+				}
+				return s, true
+			})
+		}
+		s := p.parseSelector(m, ip, false)
+		c.Endpoint = s.net
+		if v := m["level"]; nodePresent(v) {
+			c.Level, _ = p.level(v, fieldPath(ip, "level"))
+		}
+		if !nodeGiven(m["parties"]) && !nodeGiven(m["hosts"]) && !nodeGiven(m["cidrs"]) {
+			p.errAt(it, ip, "credential %q is bound to nothing: give parties, hosts or cidrs (a credential no party may receive need not be declared: carbd refuses to send it anywhere)", name)
+		}
+		pol.Credentials = append(pol.Credentials, c)
+	}
+}
+
 func globMatchesAll(pattern string) bool {
 	return pattern != "" && strings.Trim(pattern, "*") == ""
 }
@@ -1021,6 +1081,18 @@ func (p *policyParser) parseOpFields(m map[string]*yaml.Node, path string, spec 
 				set = set.With(r)
 			}
 			spec.Gate = set
+		}
+	}
+	if v := m["on_untrusted"]; nodePresent(v) {
+		if s, ok := p.str(v, fieldPath(path, "on_untrusted")); ok {
+			switch s {
+			case "defer":
+				spec.RefuseUntrusted = false
+			case "refuse":
+				spec.RefuseUntrusted = true
+			default:
+				p.errAt(v, fieldPath(path, "on_untrusted"), "unknown value %q (want defer or refuse)", clipForMsg(s))
+			}
 		}
 	}
 	for _, f := range []struct {
@@ -1162,6 +1234,13 @@ func (p *Policy) Summary() string {
 		is = append(is, pt.Name)
 	}
 	fmt.Fprintf(&b, "  internal    %s%s\n", summaryCount(len(p.Internal), "channel"), summaryNames(is))
+	var cs []string
+	for _, c := range p.Credentials {
+		cs = append(cs, c.Name)
+	}
+	if len(cs) > 0 {
+		fmt.Fprintf(&b, "  credentials %s%s\n", summaryCount(len(cs), "credential"), summaryNames(cs))
+	}
 	var rs []string
 	for _, r := range p.Refuse {
 		rs = append(rs, r.Name)
@@ -1230,6 +1309,7 @@ type (
 		Parties        []partyDoc     `yaml:"parties,omitempty"`
 		UnknownParties string         `yaml:"unknown_parties"`
 		Internal       []partyDoc     `yaml:"internal,omitempty"`
+		Credentials    []credDoc      `yaml:"credentials,omitempty"`
 		Refuse         []refuseDoc    `yaml:"refuse,omitempty"`
 		Operations     []operationDoc `yaml:"operations,omitempty"`
 		Defaults       operationDoc   `yaml:"defaults"`
@@ -1260,6 +1340,14 @@ type (
 		Objects   []string `yaml:"objects,omitempty,flow"`
 		Clearance string   `yaml:"clearance,omitempty"`
 	}
+	credDoc struct {
+		Name    string   `yaml:"name"`
+		Parties []string `yaml:"parties,omitempty,flow"`
+		Hosts   []string `yaml:"hosts,omitempty,flow"`
+		CIDRs   []string `yaml:"cidrs,omitempty,flow"`
+		Ports   []uint16 `yaml:"ports,omitempty,flow"`
+		Level   string   `yaml:"level"`
+	}
 	refuseDoc struct {
 		Name   string   `yaml:"name"`
 		Ops    []string `yaml:"ops,omitempty,flow"`
@@ -1273,6 +1361,7 @@ type (
 		Ops          []string          `yaml:"ops,omitempty,flow"`
 		Kind         string            `yaml:"kind"`
 		Gate         []string          `yaml:"gate,flow"`
+		OnUntrusted  string            `yaml:"on_untrusted,omitempty"`
 		Roles        map[string]string `yaml:"roles,omitempty"`
 		DestField    string            `yaml:"dest_field,omitempty"`
 		Financial    *bool             `yaml:"financial,omitempty"`
@@ -1314,6 +1403,12 @@ func operationDocOf(s, def *OpSpec) operationDoc {
 	}
 	if d.Gate == nil {
 		d.Gate = []string{}
+	}
+	if s.RefuseUntrusted != def.RefuseUntrusted {
+		d.OnUntrusted = "defer"
+		if s.RefuseUntrusted {
+			d.OnUntrusted = "refuse"
+		}
 	}
 	if len(s.Roles) > 0 {
 		d.Roles = map[string]string{}
@@ -1372,6 +1467,14 @@ func (p *Policy) YAML() ([]byte, error) {
 	for _, pt := range p.Internal {
 		d.Internal = append(d.Internal, partyDoc{Name: pt.Name, Hosts: globPatterns(pt.Endpoint.Hosts),
 			CIDRs: prefixStrings(pt.Endpoint.Prefixes), Ports: pt.Endpoint.Ports, Objects: globPatterns(pt.Objects)})
+	}
+	for _, c := range p.Credentials {
+		name, err := lv(c.Level)
+		if err != nil {
+			return nil, err
+		}
+		d.Credentials = append(d.Credentials, credDoc{Name: c.Name, Parties: c.Parties, Hosts: globPatterns(c.Endpoint.Hosts),
+			CIDRs: prefixStrings(c.Endpoint.Prefixes), Ports: c.Endpoint.Ports, Level: name})
 	}
 	for _, r := range p.Refuse {
 		d.Refuse = append(d.Refuse, refuseDoc{Name: r.Name, Ops: globPatterns(r.Ops), Paths: globPatterns(r.Paths),

@@ -17,7 +17,7 @@ import (
 )
 
 // policyCmp compares compiled policies; netip.Prefix is compared by value.
-var policyCmp = []cmp.Option{cmpopts.EquateComparable(netip.Prefix{}), cmpopts.EquateEmpty(), cmpopts.IgnoreUnexported(decide.Glob{})}
+var policyCmp = []cmp.Option{cmpopts.EquateComparable(netip.Prefix{}), cmpopts.EquateEmpty(), cmpopts.IgnoreUnexported(decide.Glob{}, decide.Policy{})}
 
 func policyGlobs(ps ...string) []decide.Glob {
 	var out []decide.Glob
@@ -331,7 +331,7 @@ var policyErrorCases = []struct {
 		`t.yaml:5:37: operations[1].ops[2]: "http:*" is never used: operations[0] ("http:*") matches it first`,
 		`t.yaml:7:11: operations[3].ops[0]: "tls:*" is never used: operations[2] ("*") matches it first`}},
 	{"defaults take no ops", "version: 1\nlevels: [public]\ndefaults:\n  ops: [\"*\"]\n", []string{
-		`t.yaml:4:3: defaults.ops: unknown field (want one of kind, gate, financial, irreversible, message, external)`}},
+		`t.yaml:4:3: defaults.ops: unknown field (want one of kind, gate, on_untrusted, financial, irreversible, message, external)`}},
 	{"aliases and merge keys", "version: 1\nlevels: [public]\nparties:\n  - &p {name: a, hosts: [a.com], clearance: public}\n  - <<: *p\n    name: b\n  - *p\n", []string{
 		"t.yaml:5:5: parties[1]: merge keys (<<) are not supported; write the fields out",
 		`t.yaml:5:5: parties[1]: clearance is required: the highest level of data "b" may receive`,
@@ -339,6 +339,15 @@ var policyErrorCases = []struct {
 		"t.yaml:7:5: parties[2]: aliases (*p) are not supported; write the value out"}},
 	{"custom tag", "version: 1\nlevels: [!secret public]\n", []string{
 		"t.yaml:2:10: levels[0]: unsupported tag !secret"}},
+	{"credentials", "version: 1\nlevels: [public]\nparties:\n  - {name: gh, hosts: [github.com], clearance: public}\ncredentials:\n  - {name: GH_TOKEN, parties: [gh, gl]}\n  - {name: 9LIVES, hosts: [x.com]}\n  - {name: GH_TOKEN, cidrs: [10.0.0.0/8], level: top}\n  - {name: NOWHERE}\n  - {parties: [gh]}\n", []string{
+		`t.yaml:6:36: credentials[0].parties[1]: party "gl" is not declared in parties or internal`,
+		`t.yaml:7:12: credentials[1].name: invalid name "9LIVES" (want an environment variable name: letters, digits and '_', not starting with a digit)`,
+		`t.yaml:8:12: credentials[2].name: credential "GH_TOKEN" is already declared at line 6`,
+		`t.yaml:8:50: credentials[2].level: level "top" is not declared in levels (declared: public)`,
+		`t.yaml:9:5: credentials[3]: credential "NOWHERE" is bound to nothing: give parties, hosts or cidrs (a credential no party may receive need not be declared: carbd refuses to send it anywhere)`,
+		`t.yaml:10:5: credentials[4]: name is required: the environment variable that holds the credential`}},
+	{"on_untrusted", "version: 1\nlevels: [public]\noperations:\n  - {ops: [\"dns:query\"], on_untrusted: drop}\n", []string{
+		`t.yaml:4:40: operations[0].on_untrusted: unknown value "drop" (want defer or refuse)`}},
 }
 
 func TestParsePolicyErrors(t *testing.T) {
