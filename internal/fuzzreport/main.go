@@ -73,6 +73,7 @@ type options struct {
 	results  string
 	render   bool
 	gocmd    string
+	targets  *regexp.Regexp
 }
 
 func run(ctx context.Context, args []string) error {
@@ -84,9 +85,15 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.results, "results", "", "directory for per-target results (default: a fresh temporary one)")
 	fs.BoolVar(&o.render, "render", false, "only render the results already in -results")
 	fs.StringVar(&o.gocmd, "go", "go", "go command")
+	targets := fs.String("targets", "", "only the fuzz targets whose name matches this regexp")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	re, err := regexp.Compile(*targets)
+	if err != nil {
+		return fmt.Errorf("-targets: %w", err)
+	}
+	o.targets = re
 	if o.results == "" {
 		if o.render {
 			return errors.New("-render needs -results")
@@ -127,7 +134,7 @@ func fuzzAll(ctx context.Context, o *options, patterns []string) error {
 			continue
 		}
 		for _, t := range strings.Fields(string(out)) {
-			if !strings.HasPrefix(t, "Fuzz") {
+			if !strings.HasPrefix(t, "Fuzz") || !o.targets.MatchString(t) {
 				continue
 			}
 			if ctx.Err() != nil {
