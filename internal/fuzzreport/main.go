@@ -184,7 +184,7 @@ func fuzzOne(ctx context.Context, o *options, pkg, target string) Result {
 		r.Detail = strings.TrimSpace("context deadline exceeded at the -fuzztime boundary, no failing input (golang/go#75804). " + r.Detail)
 	default:
 		r.Status = "error"
-		r.Detail = lastLines(out, 6)
+		r.Detail = lastLines(out, 2)
 	}
 	return r
 }
@@ -328,7 +328,7 @@ func table(rs []Result) string {
 	fmt.Fprintf(&b, "FUZZTIME per target: **%s**; %d targets, %s; %d executions in all; %s to %s (UTC), %s.\n\n",
 		strings.Join(ts, "; "), len(rs), strings.Join(ss, ", "), execs,
 		first.Format("2006-01-02 15:04"), last.Format("15:04"), goVer)
-	b.WriteString("| package | target | executions | baseline corpus | new interesting | result |\n|---|---|---:|---:|---:|---|\n")
+	b.WriteString("| package | target | seconds | executions | baseline corpus | new interesting | result |\n|---|---|---:|---:|---:|---:|---|\n")
 	for _, r := range rs {
 		res := r.Status
 		if r.Failing != "" {
@@ -336,8 +336,8 @@ func table(rs []Result) string {
 		} else if r.Status == "error" {
 			res += ": " + strings.ReplaceAll(strings.ReplaceAll(r.Detail, "\n", " / "), "|", "\\|")
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %s |\n",
-			strings.TrimPrefix(r.Package, "github.com/carbd/carbd/"), r.Target, r.Execs, r.Baseline, r.NewInputs, res)
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %d | %d | %d | %s |\n",
+			strings.TrimPrefix(r.Package, "github.com/carbd/carbd/"), r.Target, r.Seconds, r.Execs, r.Baseline, r.NewInputs, res)
 	}
 	return b.String()
 }
