@@ -35,6 +35,9 @@
 //     verified for (SNI, else the address) is refused as misdirected.
 //   - Responses are reported to Config.Observe before the client holds
 //     their last bytes (HTTP/1.x; HTTP/2 when the length is declared).
+//   - WebSocket: after a released upgrade each client message is one
+//     effect (ws:message), decided before any of its frames go up; a
+//     refused one closes the WebSocket with the notice (1008).
 //   - Bodies up to Config.MaxBodyBytes (16 MiB) are decided whole; a
 //     longer one is Request.Oversized: the daemon's defer path.
 //   - Config.KeyLog receives the secrets of both legs (NSS key log).

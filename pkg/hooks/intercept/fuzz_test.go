@@ -1,8 +1,10 @@
 package intercept
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -98,4 +100,69 @@ func TestSegmenterRoundTrip(t *testing.T) {
 			t.Errorf("%v: decoded %v -> %v seq %d %q", pair, p.SrcAddrPort(), p.DstAddrPort(), p.Seq, p.Payload)
 		}
 	}
+}
+
+// wsUnits feeds b to an assembler cut at cut and renders what it returns:
+// the decided units (type, payload, big), and every byte it passed or
+// still holds (a message in progress, bytes not parsed).
+func wsUnits(t *testing.T, b []byte, masked bool, cut int) (units []string, raw []byte) {
+	a := &wsAssembler{masked: masked, limit: 64}
+	defer func() {
+		if a.inMsg && !a.follow {
+			raw = append(raw, a.raw...)
+		}
+		raw = append(raw, a.buf...)
+	}()
+	for _, part := range [][]byte{b[:cut], b[cut:]} {
+		a.write(part)
+		for {
+			u, ok, err := a.next()
+			if err != nil {
+				units = append(units, "error")
+				return units, raw
+			}
+			if !ok {
+				break
+			}
+			raw = append(raw, u.raw...)
+			if !u.follow {
+				if len(u.payload) > 64 && u.typ < 8 {
+					t.Fatalf("payload of %d bytes over the limit", len(u.payload))
+				}
+				units = append(units, fmt.Sprintf("%d %q big=%v", u.typ, u.payload, u.big))
+			}
+		}
+	}
+	return units, raw
+}
+
+// FuzzWSAssembler: arbitrary bytes through the WebSocket frame assembler,
+// whole and cut anywhere: every input byte is passed or held, none twice
+// (a control frame inside a fragmented message passes before it), and
+// the units it returns do not depend on the cut.
+func FuzzWSAssembler(f *testing.F) {
+	f.Add(append(append(frame(false, 1, []byte("frag")), frame(true, 9, []byte("p"))...), frame(true, 0, []byte("ment"))...), true, uint16(5))
+	f.Add(frame(true, 2, bytes.Repeat([]byte("x"), 200)), true, uint16(100))
+	f.Add([]byte{0x81, 0x05, 'h', 'e', 'l', 'l', 'o', 0x88, 0x02, 0x03, 0xe8}, false, uint16(3))
+	f.Add([]byte{0x81, 0x7f, 0, 0, 0, 0, 0, 1, 0, 0, 'x'}, false, uint16(10))
+	f.Add([]byte("\x01\x8400000000\x89\x8100000"), true, uint16(46))
+	f.Fuzz(func(t *testing.T, b []byte, masked bool, c uint16) {
+		whole, rawW := wsUnits(t, b, masked, len(b))
+		cut, rawC := wsUnits(t, b, masked, int(c)%(len(b)+1))
+		w := fmt.Sprint(whole)
+		if strings.Contains(w, "error") {
+			return
+		}
+		for _, raw := range [][]byte{rawW, rawC} {
+			got, want := slices.Clone(raw), slices.Clone(b)
+			slices.Sort(got)
+			slices.Sort(want)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%d bytes passed or held for an input of %d", len(raw), len(b))
+			}
+		}
+		if w != fmt.Sprint(cut) && !strings.Contains(w, "big=true") {
+			t.Fatalf("units depend on the cut:\n%q\n%q", whole, cut)
+		}
+	})
 }

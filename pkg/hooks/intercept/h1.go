@@ -73,6 +73,9 @@ func (c *conn) serveH1(ctx context.Context) error {
 				c.cliTLS.Write(http1Refusal(v.Notice, true)) //nolint:errcheck // closing anyway
 				return nil
 			}
+			if isWebSocketUpgrade(&req.Event) {
+				return h.websocket(ctx, e.start, &req)
+			}
 			return h.tunnel(e.start)
 		}
 		if !v.Release {

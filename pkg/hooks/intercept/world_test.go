@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/websocket"
+
 	"github.com/carbd/carbd/pkg/decide"
 )
 
@@ -111,6 +113,21 @@ func newWorld(t testing.TB) *world {
 				return
 			}
 			io.WriteString(rw, "data: second\n\n")
+		case r.URL.Path == "/wsecho":
+			websocket.Handler(func(ws *websocket.Conn) {
+				for {
+					var msg string
+					if err := websocket.Message.Receive(ws, &msg); err != nil {
+						return
+					}
+					w.mu.Lock()
+					w.log = append(w.log, worldReq{Method: "WS", URI: r.RequestURI, Body: []byte(msg)})
+					w.mu.Unlock()
+					if err := websocket.Message.Send(ws, strings.ToUpper(msg)); err != nil {
+						return
+					}
+				}
+			}).ServeHTTP(rw, r)
 		case r.URL.Path == "/ws":
 			conn, brw, err := http.NewResponseController(rw).Hijack()
 			if err != nil {
