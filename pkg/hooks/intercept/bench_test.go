@@ -70,3 +70,41 @@ func BenchmarkKeepAlive(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDownload: one 16 MiB response per op on a kept-alive
+// connection, through the proxy and directly (MB/s).
+func BenchmarkDownload(b *testing.B) {
+	const size = 16 << 20
+	w := newWorld(b)
+	tp := newTestProxy(b, w, nil)
+	worldPool := newPoolFromFile(b, w.caFile)
+	for _, h2 := range []bool{false, true} {
+		proto := map[bool]string{false: "http1", true: "h2"}[h2]
+		for _, via := range []string{"direct", "proxy"} {
+			url, roots := fmt.Sprintf("https://localhost:%d/big?n=%d", w.addr.Port(), size), worldPool
+			if via == "proxy" {
+				url, roots = tp.url(fmt.Sprintf("/big?n=%d", size)), tp.ca.Pool()
+			}
+			tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: h2}
+			if !h2 {
+				tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+			}
+			c := &http.Client{Transport: tr}
+			b.Run(proto+"/"+via, func(b *testing.B) {
+				b.SetBytes(size)
+				for b.Loop() {
+					resp, err := c.Get(url)
+					if err != nil {
+						b.Fatal(err)
+					}
+					n, _ := io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if n != size {
+						b.Fatalf("got %d bytes", n)
+					}
+				}
+			})
+			tr.CloseIdleConnections()
+		}
+	}
+}
