@@ -25,6 +25,7 @@ func TestPipelined(t *testing.T) {
 		"POST /two HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n" +
 		"POST /forbidden HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n\r\nabc" +
 		"PUT /three HTTP/1.1\r\nHost: localhost\r\nContent-Length: 11\r\n\r\n" + secret +
+		"HEAD /four-head HTTP/1.1\r\nHost: localhost\r\n\r\n" +
 		"GET /four HTTP/1.1\r\nHost: localhost\r\n\r\n"
 	if _, err := io.WriteString(conn, reqs); err != nil {
 		t.Fatal(err)
@@ -38,10 +39,15 @@ func TestPipelined(t *testing.T) {
 		{200, "POST /two body=11"},
 		{403, "destination not allowed"},
 		{403, "sensitive value in body"},
+		{200, ""},
 		{200, "GET /four body=0"},
 	}
 	for i, wt := range want {
-		resp, err := http.ReadResponse(br, nil)
+		var req *http.Request
+		if i == 4 {
+			req = &http.Request{Method: "HEAD"}
+		}
+		resp, err := http.ReadResponse(br, req)
 		if err != nil {
 			t.Fatalf("response %d: %v", i, err)
 		}
@@ -77,7 +83,7 @@ func TestPipelined(t *testing.T) {
 	for _, r := range got {
 		uris = append(uris, r.Method+" "+r.URI+" "+string(r.Body))
 	}
-	wantURIs := []string{"GET /one ", "POST /two hello world", "GET /four ", "POST /five body"}
+	wantURIs := []string{"GET /one ", "POST /two hello world", "HEAD /four-head ", "GET /four ", "POST /five body"}
 	if strings.Join(uris, "|") != strings.Join(wantURIs, "|") {
 		t.Errorf("the world received %q, want %q", uris, wantURIs)
 	}
@@ -89,5 +95,29 @@ func TestPipelined(t *testing.T) {
 	}
 	if bodyField != "hello world" {
 		t.Errorf("chunked body field %q", bodyField)
+	}
+}
+
+// TestNotHTTP: bytes that are not HTTP/1.x inside TLS are one open,
+// opaque effect; refused, the connection closes and nothing goes up.
+func TestNotHTTP(t *testing.T) {
+	w := newWorld(t)
+	tp := newTestProxy(t, w, nil)
+	conn, err := tls.Dial("tcp", tp.addr.String(), &tls.Config{ServerName: "localhost", RootCAs: tp.ca.Pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "SSH-2.0-"+secret+"\r\n")
+	rest, _ := io.ReadAll(conn)
+	if !strings.Contains(string(rest), "403 Forbidden") {
+		t.Errorf("answer %q", rest)
+	}
+	reqs := tp.dec.seen()
+	if len(reqs) != 1 || !reqs[0].Open || !reqs[0].Event.Opaque || reqs[0].Event.Op != "tcp:opaque" {
+		t.Fatalf("decided %+v", reqs)
+	}
+	if len(w.received()) != 0 {
+		t.Error("the world received something")
 	}
 }

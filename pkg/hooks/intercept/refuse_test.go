@@ -91,10 +91,10 @@ func TestOversizedBody(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
 		w := newWorld(t)
 		tp := newTestProxy(t, w, func(c *Config) { c.MaxBodyBytes = 1024 })
-		big := strings.Repeat("x", 5000)
+		big := strings.Repeat("x", 300000)
 		c := goClient(tp, h2)
 		r := do(t, c, "POST", tp.url("/big-upload"), big)
-		if r.status != 200 || !strings.Contains(r.body, "body=5000") {
+		if r.status != 200 || !strings.Contains(r.body, "body=300000") {
 			t.Fatalf("h2=%v: oversized released: %+v", h2, r)
 		}
 		r = do(t, c, "POST", tp.url("/big-upload"), big+secret)
