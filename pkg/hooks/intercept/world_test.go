@@ -72,6 +72,12 @@ func (w *world) bytesWith(s string) int {
 // PEM file (caFile) for the proxy's UpstreamCAFiles.
 func newWorld(t testing.TB) *world {
 	t.Helper()
+	return newWorldOn(t, nil)
+}
+
+// newWorldOn is newWorld on a given listener (nil: loopback, any port).
+func newWorldOn(t testing.TB, ln net.Listener) *world {
+	t.Helper()
 	dir := t.TempDir()
 	ca, err := LoadOrCreateCA(dir, LeafOptions{})
 	if err != nil {
@@ -79,7 +85,7 @@ func newWorld(t testing.TB) *world {
 	}
 	w := &world{caFile: filepath.Join(dir, CACertFile), gate: make(chan struct{})}
 	certs := make([]tls.Certificate, 0, 1)
-	leaf, err := ca.mintSANs([]string{"localhost", "world.test"}, []netip.Addr{netip.MustParseAddr("127.0.0.1")})
+	leaf, err := ca.mintSANs([]string{"localhost", "world.test"}, []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,9 +166,10 @@ func newWorld(t testing.TB) *world {
 			fmt.Fprintf(rw, "hello from the world: %s %s %s body=%d\n", r.Proto, r.Method, r.URL.Path, len(body))
 		}
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if ln == nil {
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	srv := &http.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: certs, NextProtos: []string{"h2", "http/1.1"}, KeyLogWriter: lockedWriter{&w.mu, &w.keyLog}},
 		ErrorLog: log.New(io.Discard, "", 0)}
@@ -234,6 +241,12 @@ type testProxy struct {
 
 func newTestProxy(t testing.TB, w *world, mod func(*Config)) *testProxy {
 	t.Helper()
+	return newTestProxyOn(t, w, nil, mod)
+}
+
+// newTestProxyOn is newTestProxy serving a given listener (nil: loopback).
+func newTestProxyOn(t testing.TB, w *world, ln net.Listener, mod func(*Config)) *testProxy {
+	t.Helper()
 	dir := t.TempDir()
 	ca, err := LoadOrCreateCA(dir, LeafOptions{})
 	if err != nil {
@@ -259,9 +272,10 @@ func newTestProxy(t testing.TB, w *world, mod func(*Config)) *testProxy {
 		t.Fatal(err)
 	}
 	tp.Proxy = p
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if ln == nil {
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
