@@ -69,5 +69,10 @@ func runAgentDojoStats(ctx context.Context, e *env, args []string) error {
 		}
 		st.Add(r, specs[r.Suite])
 	}
+	for _, p := range st.Pipelines() {
+		if c := st.Sum(agentdojo.StatsKey{Pipeline: p}); c.NoVersion > 0 {
+			e.log.Warn("runs without benchmark_version are read as v1.x", "pipeline", p, "runs", c.NoVersion)
+		}
+	}
 	return st.Write(e.stdout)
 }

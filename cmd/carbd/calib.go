@@ -108,6 +108,12 @@ func runCalibFields(_ context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --alpha: %v", errUsage, err)
 	}
+	if !(*delta > 0 && *delta < 1) {
+		return fmt.Errorf("%w: --delta %v outside (0,1)", errUsage, *delta)
+	}
+	if err := distinctFiles("--fields", files); err != nil {
+		return err
+	}
 	r, err := calib.ParseRule(*rule)
 	if err != nil {
 		return fmt.Errorf("%w: --rule: %v", errUsage, err)
@@ -134,6 +140,11 @@ func runCalibFields(_ context.Context, e *env, args []string) error {
 		recs, src, err := calib.ReadFieldsFile(path)
 		if err != nil {
 			return err
+		}
+		for j := range sources {
+			if sources[j].SHA256 == src.SHA256 {
+				return fmt.Errorf("%w: --fields: %s has the same content as %s: its fields would be counted twice", errUsage, path, files[j])
+			}
 		}
 		fields = append(fields, recs...)
 		sources = append(sources, src)
@@ -166,6 +177,30 @@ func runCalibFields(_ context.Context, e *env, args []string) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "wrote %s\n", *out)
+	return nil
+}
+
+// distinctFiles refuses a file given twice to a repeatable file flag
+// (the same path, or two names of one file): its records would be
+// counted twice. Files that cannot be examined are left to the reader,
+// which reports them.
+func distinctFiles(flag string, paths []string) error {
+	infos := make([]os.FileInfo, len(paths))
+	for i, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		for j := range i {
+			if infos[j] != nil && os.SameFile(infos[j], fi) {
+				if filepath.Clean(paths[j]) == filepath.Clean(p) {
+					return fmt.Errorf("%w: %s: %s is given twice", errUsage, flag, p)
+				}
+				return fmt.Errorf("%w: %s: %s and %s are the same file", errUsage, flag, paths[j], p)
+			}
+		}
+		infos[i] = fi
+	}
 	return nil
 }
 

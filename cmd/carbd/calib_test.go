@@ -95,6 +95,14 @@ func TestCalibFieldsErrors(t *testing.T) {
 	os.WriteFile(bad, []byte(`{"role":"target","score":0.5,"violated":false,"attacked":false}`+"\n"+`{"role":"recipient","score":0.5,"violated":false,"attacked":false}`+"\n"), 0o644)
 	dir := t.TempDir()
 	out := filepath.Join(dir, "calib.json")
+	other := t.TempDir()
+	link := filepath.Join(other, "link.jsonl")
+	if err := os.Symlink(in, link); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(in)
+	cp := filepath.Join(other, "copy.jsonl")
+	os.WriteFile(cp, data, 0o644)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -112,6 +120,11 @@ func TestCalibFieldsErrors(t *testing.T) {
 		{"no data", []string{"calib", "--fields", in, "--alpha", "command=0.1", "-o", out}, 1, "role command has a budget but no calibration fields"},
 		{"uncertified", []string{"calib", "--fields", in, "--alpha", "target=0.05,credential=0.05", "--require-certified", "-o", out}, 1, "not certifiable: target, pooled (nothing written)"},
 		{"unknown form", []string{"calib", "nosuchform"}, 2, `unknown form "nosuchform"`},
+		{"delta zero", []string{"calib", "--fields", in, "--alpha", "target=0.1", "--delta", "0", "-o", out}, 2, "--delta 0 outside (0,1)"},
+		{"delta one", []string{"calib", "--fields", in, "--alpha", "target=0.1", "--delta", "1", "-o", out}, 2, "--delta 1 outside (0,1)"},
+		{"file twice", []string{"calib", "--fields", in, "--fields", in, "--alpha", "target=0.1", "-o", out}, 2, "--fields: " + in + " is given twice"},
+		{"same file", []string{"calib", "--fields", in, "--fields", link, "--alpha", "target=0.1", "-o", out}, 2, "--fields: " + in + " and " + link + " are the same file"},
+		{"same content", []string{"calib", "--fields", in, "--fields", cp, "--alpha", "target=0.1", "-o", out}, 2, "--fields: " + cp + " has the same content as " + in},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runCLI(tc.args...)
@@ -125,6 +138,24 @@ func TestCalibFieldsErrors(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("temporary files left in the output directory: %v", entries)
+	}
+}
+
+// Two different field files are read together, each recorded as a source.
+func TestCalibFieldsTwoFiles(t *testing.T) {
+	in, _ := writeFieldFile(t)
+	second := filepath.Join(t.TempDir(), "more.jsonl")
+	os.WriteFile(second, []byte(`{"role":"target","score":0.5,"violated":false,"attacked":false,"episode":"x"}`+"\n"), 0o644)
+	out := filepath.Join(t.TempDir(), "calib.json")
+	if code, stdout, stderr := runCLI("calib", "--fields", in, "--fields", second, "--alpha", "target=0.05", "-o", out); code != 0 {
+		t.Fatalf("exit %d: %s%s", code, stdout, stderr)
+	}
+	a, err := calib.ReadArtifact(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Source.Files) != 2 || a.Source.Records != 404 {
+		t.Errorf("source %+v, want 2 files and 404 records", a.Source)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carbd/carbd/pkg/calib"
+	"github.com/carbd/carbd/pkg/calib/agentdojo"
 	"github.com/carbd/carbd/pkg/calib/eval"
 	"github.com/carbd/carbd/pkg/decide/score"
 )
@@ -18,7 +19,7 @@ func init() {
 	register(&command{name: "eval", summary: "evaluate the engine on recorded agent runs (eval agentdojo)", run: runEval})
 }
 
-const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--delta 0.05] [--score ngram] [--splits 200] [--seed N] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
+const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--delta 0.05] [--score ngram] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
 
 func runEval(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
@@ -40,6 +41,7 @@ type agentdojoFlags struct {
 	runs, policies, pipelines, attacks, alpha, kind string
 	ledgerAlpha, delta                              float64
 	workers                                         int
+	errors                                          agentdojo.ErrorCounting // set by eval only
 }
 
 func (f *agentdojoFlags) register(fs interface {
@@ -77,6 +79,9 @@ func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval
 	if !(f.delta > 0 && f.delta < 1) {
 		return nil, nil, "", fmt.Errorf("%w: --delta %v outside (0,1)", errUsage, f.delta)
 	}
+	if f.workers < 0 {
+		return nil, nil, "", fmt.Errorf("%w: --workers %d", errUsage, f.workers)
+	}
 	pipes, err := eval.ParseList(f.pipelines)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("%w: --pipelines: %v", errUsage, err)
@@ -90,11 +95,17 @@ func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval
 	}
 	prog := newProgress(e.stderr)
 	ps, err := eval.Load(ctx, eval.LoadConfig{Runs: f.runs, Policies: f.policies, Pipelines: pipes, Attacks: attacks,
-		Score: kind, Seed: seed, Workers: f.workers,
+		Score: kind, Seed: seed, Workers: f.workers, Errors: f.errors,
 		Progress: func(p string, done int) { prog.update(p, "prepare", done, 0) }})
 	prog.finish()
 	if err != nil {
 		return nil, nil, "", err
+	}
+	for _, p := range ps {
+		if p.NoVersion > 0 {
+			e.log.Warn("runs without benchmark_version are read as v1.x", "pipeline", p.Name, "runs", p.NoVersion,
+				"attacked_runs_without_goal_text", p.NoGoal)
+		}
 	}
 	return ps, budgets, kind, nil
 }
@@ -120,6 +131,7 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	plotPath := fs.String("plot", "", "write the risk-utility frontier as a PNG `file` (computes the frontier)")
 	frontier := fs.Bool("frontier", false, "compute the risk-utility frontier (implied by --plot)")
 	frontierSplits := fs.Int("frontier-splits", 50, "splits per budget of the frontier")
+	errored := fs.String("errored", string(agentdojo.ErrorsAsRecorded), "how an attacked run that ended in an error counts: agentdojo (its security flag as recorded, as AgentDojo's benchmark counts it) or failed (a failed attack)")
 	out := fs.String("o", "", "write the report to `file` instead of stdout")
 	jsonOut := fs.String("json-out", "", "also write the JSON report to `file`")
 	if err := fs.Parse(args); err != nil {
@@ -132,6 +144,14 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	if *splits < 1 {
 		return fmt.Errorf("%w: --splits %d", errUsage, *splits)
 	}
+	if *frontierSplits < 1 {
+		return fmt.Errorf("%w: --frontier-splits %d", errUsage, *frontierSplits)
+	}
+	errs, err := agentdojo.ParseErrorCounting(*errored)
+	if err != nil {
+		return fmt.Errorf("%w: --errored: %v", errUsage, err)
+	}
+	f.errors = errs
 	start := time.Now()
 	ps, budgets, kind, err := f.load(ctx, e, *seed)
 	if err != nil {
@@ -151,6 +171,7 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	rep.Config.Runs, rep.Config.Policies, rep.Config.Attacks = f.runs, f.policies, f.attackList()
+	rep.Config.ErroredRuns = string(errs)
 	for _, p := range ps {
 		rep.Config.Pipelines = append(rep.Config.Pipelines, p.Name)
 	}

@@ -174,6 +174,16 @@ func TestDataCaveats(t *testing.T) {
 	if gpt35 != 53 { // 65 logged security true, of which 12 are error runs
 		t.Errorf("gpt-3.5 important_instructions attacks succeeded: %d, want 53", gpt35)
 	}
+	// AgentDojo's own convention takes the flag as logged: 65.
+	gpt35 = 0
+	for _, r := range runs {
+		if r.Pipeline == "gpt-3.5-turbo-0125" && r.Attack == "important_instructions" && r.AttackSucceededBy(ErrorsAsRecorded) {
+			gpt35++
+		}
+	}
+	if gpt35 != 65 {
+		t.Errorf("gpt-3.5 important_instructions attacks succeeded as recorded: %d, want 65", gpt35)
+	}
 
 	// Llama-3.3: list-shaped content, pipeline_name "local", null ids.
 	llama := 0

@@ -19,6 +19,7 @@ type Counts struct {
 	SecurityTrue      int // attacked runs logged security true, errors included
 	Succeeded         int // attacked runs whose attack succeeded (security true, no error)
 	Errors            int // runs of any kind with an error recorded
+	NoVersion         int // runs without a benchmark_version (read as v1.x)
 	Seen              int // attacked runs whose agent read an injected text
 	Detected          int // attacked runs in which a detector withheld a tool result
 	WithEffects       int // attacked runs with at least one attacker effect (labels)
@@ -35,6 +36,7 @@ func (c *Counts) add(o *Counts) {
 	c.SecurityTrue += o.SecurityTrue
 	c.Succeeded += o.Succeeded
 	c.Errors += o.Errors
+	c.NoVersion += o.NoVersion
 	c.Seen += o.Seen
 	c.Detected += o.Detected
 	c.WithEffects += o.WithEffects
@@ -75,6 +77,9 @@ func (s *Stats) Add(r *Run, spec *SuiteSpec) {
 	c.Runs++
 	if r.Errored() {
 		c.Errors++
+	}
+	if r.BenchmarkVersion == "" {
+		c.NoVersion++
 	}
 	switch r.Kind {
 	case Benign:
@@ -184,9 +189,9 @@ func (s *Stats) keys() []StatsKey {
 // with its reason.
 func (s *Stats) Write(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "pipeline\tsuite\truns\tbenign\tinj-prompt\tattacked\tsucceeded\terrors\t")
+	fmt.Fprintln(tw, "pipeline\tsuite\truns\tbenign\tinj-prompt\tattacked\tsucceeded\terrors\tno-version\t")
 	row := func(p, suite string, c Counts) {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t\n", p, suite, c.Runs, c.Benign, c.InjectionAsPrompt, c.Attacked, c.Succeeded, c.Errors)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", p, suite, c.Runs, c.Benign, c.InjectionAsPrompt, c.Attacked, c.Succeeded, c.Errors, c.NoVersion)
 	}
 	var total Counts
 	for _, p := range s.Pipelines() {

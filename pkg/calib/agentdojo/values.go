@@ -286,10 +286,7 @@ func normURL(u string) string {
 // May 2024" or "the 13th to the 17th of May 2024" (both ends), as
 // YYYY-MM-DD. Dates without a year are not taken.
 func extractDates(text string) []string {
-	var out []string
-	for _, m := range isoRE.FindAllString(text, -1) {
-		out = append(out, m)
-	}
+	out := isoRE.FindAllString(text, -1)
 	iso := func(y string, mo int, d string) {
 		day, err := strconv.Atoi(d)
 		if err != nil || day < 1 || day > 31 {

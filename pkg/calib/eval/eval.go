@@ -187,8 +187,6 @@ const (
 	numRoleMetrics
 )
 
-var roleMetricNames = [numRoleMetrics]string{"fields", "attacked_fields", "v", "v_att"}
-
 // suites: index 0 is every suite together.
 var suites = append([]string{"all"}, agentdojo.Suites...)
 

@@ -34,7 +34,13 @@ type Pipeline struct {
 	InjectionAsPrompt int
 	// OtherAttacks counts the attacked runs of attacks not selected.
 	OtherAttacks int
-	Problems     []Problem
+	// NoVersion counts the runs read (of every kind) without a
+	// benchmark_version: they are read as v1.x, whose injection goals
+	// may not be those of a newer suite. NoGoal counts the attacked
+	// runs whose injection goal has no text in prompts-and-goals.json
+	// for their version (their labels use the injected texts only).
+	NoVersion, NoGoal int
+	Problems          []Problem
 }
 
 // LoadConfig says what to load.
@@ -48,6 +54,10 @@ type LoadConfig struct {
 	Score   score.Kind // similarity kind of the per-field scores
 	Seed    uint64     // keys the equal-size random selector's draws
 	Workers int        // parallel preparations; 0 means GOMAXPROCS
+	// Errors says how an attacked run that ended in an error counts
+	// (Episode.Succeeded); empty means agentdojo.ErrorsAsRecorded, the
+	// benchmark's own convention.
+	Errors agentdojo.ErrorCounting
 	// Progress, when set, is called after each prepared run with the
 	// number done so far and the pipeline.
 	Progress func(pipeline string, done int)
@@ -64,6 +74,12 @@ func Load(ctx context.Context, cfg LoadConfig) ([]*Pipeline, error) {
 		return nil, err
 	}
 	if _, err := score.ParseKind(string(cfg.Score)); err != nil {
+		return nil, fmt.Errorf("eval: %w", err)
+	}
+	if cfg.Errors == "" {
+		cfg.Errors = agentdojo.ErrorsAsRecorded
+	}
+	if _, err := agentdojo.ParseErrorCounting(string(cfg.Errors)); err != nil {
 		return nil, fmt.Errorf("eval: %w", err)
 	}
 	sets, err := openSelected(cfg.Runs, cfg.Pipelines)
@@ -108,7 +124,7 @@ func Load(ctx context.Context, cfg LoadConfig) ([]*Pipeline, error) {
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				ep, err := prepare(ctx, j.run, j.spec, cfg.Score, cfg.Seed)
+				ep, err := prepare(ctx, j.run, j.spec, cfg.Score, cfg.Seed, cfg.Errors)
 				results <- result{ep, j.run, err}
 			}
 		}()
@@ -169,6 +185,12 @@ func Load(ctx context.Context, cfg LoadConfig) ([]*Pipeline, error) {
 			get(res.ep.Pipeline).Episodes = append(get(res.ep.Pipeline).Episodes, res.ep)
 		}
 		name := res.run.Pipeline
+		if res.run.BenchmarkVersion == "" {
+			get(name).NoVersion++
+		}
+		if res.run.Kind == agentdojo.Attacked && res.run.Goal == "" {
+			get(name).NoGoal++
+		}
 		done[name]++
 		if cfg.Progress != nil {
 			cfg.Progress(name, done[name])

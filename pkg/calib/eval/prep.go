@@ -29,7 +29,8 @@ type Episode struct {
 	Attack   string
 	Utility  bool // the benchmark's utility outcome
 	// Succeeded: an attacked run whose attack succeeded in the recorded
-	// (undefended) run: security true and no error.
+	// (undefended) run: security true, and no error unless errored runs
+	// count as recorded (LoadConfig.Errors).
 	Succeeded bool
 	Errored   bool
 	// QuotedReads counts the calls with violated fields that are not
@@ -125,14 +126,14 @@ var selectorNames = [numSelectors]string{"g-carb", "full-prefix", "fixed-window-
 // policy), the labels, and the policy-only replay with per-field scores
 // and the dependency graph; then every selector's gate scores on that
 // graph. seed keys the equal-size random selector (one draw per episode).
-func prepare(ctx context.Context, r *agentdojo.Run, spec *agentdojo.SuiteSpec, kind score.Kind, seed uint64) (*Episode, error) {
+func prepare(ctx context.Context, r *agentdojo.Run, spec *agentdojo.SuiteSpec, kind score.Kind, seed uint64, errs agentdojo.ErrorCounting) (*Episode, error) {
 	tr, err := r.Trace(spec)
 	if err != nil {
 		return nil, err
 	}
 	ep := &Episode{
 		ID: r.Episode(), Pipeline: r.Pipeline, Suite: r.Suite, Kind: r.Kind, Attack: r.Attack,
-		Utility: r.Utility, Succeeded: r.AttackSucceeded(), Errored: r.Errored(),
+		Utility: r.Utility, Succeeded: r.AttackSucceededBy(errs), Errored: r.Errored(),
 		trace: tr, policy: spec.Policy, kind: kind,
 	}
 	e := decide.New(spec.Policy, decide.Options{Oracle: decide.Strict{}, Score: string(kind), Ledger: true, Now: fixedClock})

@@ -112,6 +112,10 @@ type ReportConfig struct {
 	CalFraction float64            `json:"cal_fraction"`
 	SplitUnit   string             `json:"split_unit"`
 	Oracle      string             `json:"oracle"`
+	// ErroredRuns is how attacked runs that ended in an error count
+	// (agentdojo.ErrorCounting: "agentdojo", security as recorded, or
+	// "failed").
+	ErroredRuns string `json:"errored_runs"`
 }
 
 // DataCounts describe a pipeline's evaluated runs.
@@ -128,6 +132,11 @@ type DataCounts struct {
 	QuotedReads       int `json:"runs_with_quoted_goal_reads"`
 	SucceededNoEffect int `json:"succeeded_without_labelled_effect"`
 	Errored           int `json:"errored"`
+	// ErroredSucceeded counts the errored attacked runs counted as
+	// succeeded (security as recorded, ReportConfig.ErroredRuns).
+	ErroredSucceeded  int `json:"errored_counted_succeeded"`
+	NoVersion         int `json:"runs_without_benchmark_version"`
+	NoGoal            int `json:"attacked_runs_without_goal_text"`
 	InjectionAsPrompt int `json:"injection_as_prompt_left_out"`
 	OtherAttacks      int `json:"other_attacks_left_out"`
 }
@@ -292,10 +301,14 @@ func evaluatePipeline(ctx context.Context, p *Pipeline, cfg *Config) (*PipelineR
 }
 
 func dataCounts(p *Pipeline) DataCounts {
-	c := DataCounts{Episodes: len(p.Episodes), InjectionAsPrompt: p.InjectionAsPrompt, OtherAttacks: p.OtherAttacks}
+	c := DataCounts{Episodes: len(p.Episodes), InjectionAsPrompt: p.InjectionAsPrompt, OtherAttacks: p.OtherAttacks,
+		NoVersion: p.NoVersion, NoGoal: p.NoGoal}
 	for _, ep := range p.Episodes {
 		if ep.Errored {
 			c.Errored++
+			if ep.Succeeded {
+				c.ErroredSucceeded++
+			}
 		}
 		switch ep.Kind {
 		case agentdojo.Benign:
@@ -467,6 +480,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	sort.Strings(al)
 	fmt.Fprintf(w, "carbd eval agentdojo: %d splits (seed %d), calibration fraction %g, split unit: %s\n", c.Splits, c.Seed, c.CalFraction, c.SplitUnit)
 	fmt.Fprintf(w, "budgets %s, ledger alpha %g, delta %g, score %s, oracle %s, attacks %s\n", strings.Join(al, ","), c.LedgerAlpha, c.Delta, c.Score, c.Oracle, listOr(c.Attacks, "all"))
+	if c.ErroredRuns != "" {
+		fmt.Fprintf(w, "attacked runs that ended in an error count as: %s\n", erroredRunsText(c.ErroredRuns))
+	}
 	fmt.Fprintln(w, "figures: mean over splits of the test half [5th, 95th percentile], in %")
 	for i := range r.Pipelines {
 		if err := r.Pipelines[i].writeText(w); err != nil {
@@ -515,6 +531,16 @@ func (r *Report) WriteText(w io.Writer) error {
 	return nil
 }
 
+func erroredRunsText(c string) string {
+	switch c {
+	case "agentdojo":
+		return "agentdojo (the security flag as recorded: a succeeded attack, as AgentDojo's benchmark counts it)"
+	case "failed":
+		return "failed (a failed attack)"
+	}
+	return c
+}
+
 func listOr(xs []string, empty string) string {
 	if len(xs) == 0 {
 		return empty
@@ -526,6 +552,10 @@ func (p *PipelineReport) writeText(w io.Writer) error {
 	d := &p.Data
 	fmt.Fprintf(w, "\n== %s: %d episodes (%d benign, %d with utility; %d attacked, %d succeeded undefended, %d with a labelled attacker effect, %d succeeded without one, %d with a read that only quotes the goal); %d errored; left out: %d injection-as-prompt, %d of other attacks\n",
 		p.Pipeline, d.Episodes, d.Benign, d.BenignUtility, d.Attacked, d.Succeeded, d.WithEffects, d.SucceededNoEffect, d.QuotedReads, d.Errored, d.InjectionAsPrompt, d.OtherAttacks)
+	if d.Errored > 0 || d.NoVersion > 0 || d.NoGoal > 0 {
+		fmt.Fprintf(w, "   %d errored (%d counted as succeeded attacks); %d runs without benchmark_version (read as v1.x); %d attacked runs without goal text\n",
+			d.Errored, d.ErroredSucceeded, d.NoVersion, d.NoGoal)
+	}
 	fmt.Fprintf(w, "   %d calibration / %d test episodes per split; %d policy-only replays, %d calibrated replays run, %d reused; %.1f s\n",
 		p.CalEpisodes, p.TestEpisodes, p.Replays.Prepared, p.Replays.Run, p.Replays.Reused, p.Seconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
