@@ -58,12 +58,13 @@ type preparer struct {
 	mkdirs  map[string]bool // directories this commit creates (W has none there)
 	gone    map[string]bool // W entries this commit removes or replaces
 	idx     map[string]indexEntry
-	wdirs   *dirCache        // W's directory of the last change
-	bdirs   *dirCache        // B's directory of the last change
-	used    []string         // paths whose pending label became permanent
-	dropped []string         // removed paths whose pending labels go on success
-	stamps  map[string]stamp // upper stamps of committed files, installed on success
-	touched []string         // journaled paths: their seen stamps are updated after the commit
+	wdirs   *dirCache         // W's directory of the last change
+	bdirs   *dirCache         // B's directory of the last change
+	used    []string          // paths whose pending label became permanent
+	dropped []string          // removed paths whose pending labels go on success
+	stamps  map[string]stamp  // upper stamps of committed files, installed on success
+	touched []string          // journaled paths: their seen stamps are updated after the commit
+	expect  map[string]wstamp // journaled paths: W's entry as checked (TypeNone: absent), checked again right before applying
 	// conflicts: paths not committed because W changed under the agent.
 	conflicts map[string]bool
 }
@@ -117,7 +118,7 @@ func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err
 	defer unix.Close(jfd)
 	p = &preparer{s: s, ctx: ctx, res: res, prefd: -1, newfd: -1,
 		mkdirs: make(map[string]bool), gone: make(map[string]bool),
-		stamps: make(map[string]stamp), conflicts: make(map[string]bool),
+		stamps: make(map[string]stamp), conflicts: make(map[string]bool), expect: make(map[string]wstamp),
 		wdirs: &dirCache{root: s.wfd, fd: -1}, bdirs: &dirCache{root: s.bfd, fd: -1}}
 	defer p.wdirs.close()
 	defer p.bdirs.close()
@@ -214,8 +215,12 @@ func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err
 	prepared = true
 	fault("applying")
 
-	if err := s.apply(jfd, p.prefd, p.newfd, p.stamps); err != nil {
-		rerr := s.rollback(jfd)
+	if applied, err := s.apply(jfd, p.prefd, p.newfd, p.stamps, p.expect); err != nil {
+		undo := applied + 1 // the failing record may be half done
+		if errors.Is(err, errLateConflict) {
+			undo = applied // nothing of it was done: never undo over the user's entry
+		}
+		rerr := s.rollback(jfd, undo)
 		if rerr == nil {
 			rerr = s.removeJournal()
 		}
@@ -226,7 +231,7 @@ func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err
 	}
 	if err := createMarker(jfd, jDone); err != nil {
 		// Not marked done: recovery will roll back. Try now.
-		if rerr := s.rollback(jfd); rerr == nil {
+		if rerr := s.rollback(jfd, -1); rerr == nil {
 			s.removeJournal()
 		}
 		return nil, fmt.Errorf("staging: commit: %w", err)
@@ -486,12 +491,23 @@ func (p *preparer) add(c Change) error {
 
 	// Pre-image: a hard link to W's non-directory entry (directories are
 	// moved into the journal while applying, or changed in place).
+	var exp wstamp // W's entry as the apply step must find it (TypeNone: absent)
 	if r.Pre != TypeNone && r.Pre != TypeDir {
 		if err := unix.Linkat(wpar, name, p.prefd, newName, 0); err != nil {
 			unix.Unlinkat(p.newfd, newName, 0)
 			return pathErr("link pre-image of", "work", c.Path, err)
 		}
+		pst, ok, err := lstatAt(p.prefd, newName)
+		if err != nil || !ok {
+			return pathErr("stat pre-image of", "work", c.Path, err)
+		}
+		exp = stampOf(&pst) // the link moved its ctime
+	} else if r.Pre == TypeDir && wpar >= 0 {
+		if dst, ok, err := lstatAt(wpar, name); err == nil && ok {
+			exp = stampOf(&dst)
+		}
 	}
+	p.expect[c.Path] = exp
 	// Below a removed entry, or a directory replaced by a non-directory,
 	// nothing else of this commit can go (a directory replacing a file
 	// may of course have new children: see mkdirs).
@@ -720,36 +736,55 @@ func (d *dirCache) close() {
 	d.fd, d.err, d.valid = -1, nil, false
 }
 
-// apply performs every journaled operation on W.
-func (s *Stager) apply(jfd, prefd, newfd int, stamps map[string]stamp) error {
+// errLateConflict: W's entry changed between the commit's check and its
+// apply step; the commit is rolled back and the next one reports the
+// conflict.
+var errLateConflict = errors.New("changed in the working directory during the commit")
+
+// apply performs every journaled operation on W and returns how many it
+// completed. Right before each, W's entry is checked again against what
+// the prepare step found (expect), so a user edit that lands while the
+// commit prepares is never replaced.
+func (s *Stager) apply(jfd, prefd, newfd int, stamps map[string]stamp, expect map[string]wstamp) (int, error) {
 	f, err := openJournal(jfd)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer f.Close()
 	jr, err := newJournalReader(f, s.l.Journal)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	dc := &dirCache{root: s.wfd, fd: -1}
 	defer dc.close()
+	applied := 0
 	for {
 		r, err := jr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return err
+			return applied, err
 		}
 		dir, name := splitRel(r.Path)
 		wpar, err := dc.get(dir)
 		if err != nil {
-			return pathErr("open parent", "work", r.Path, err)
+			return applied, pathErr("open parent", "work", r.Path, err)
+		}
+		if exp, ok := expect[r.Path]; ok {
+			cur, there, err := lstatAt(wpar, name)
+			if err != nil {
+				return applied, pathErr("stat", "work", r.Path, err)
+			}
+			if there != (exp.Type != TypeNone) || there && !stampOf(&cur).sameEntry(exp) {
+				return applied, pathErr(r.Op.String(), "work", r.Path, errLateConflict)
+			}
 		}
 		n := strconv.FormatUint(r.N, 10)
 		if err := applyRecord(r, wpar, name, n, prefd, newfd); err != nil {
-			return pathErr(r.Op.String(), "work", r.Path, err)
+			return applied, pathErr(r.Op.String(), "work", r.Path, err)
 		}
+		applied++
 		if r.New == TypeFile {
 			if st, ok, err := lstatAt(wpar, name); err == nil && ok {
 				if sp, have := stamps[r.Path]; have {
@@ -761,17 +796,17 @@ func (s *Stager) apply(jfd, prefd, newfd int, stamps map[string]stamp) error {
 		fault("apply:op")
 	}
 	if err := unix.Renameat(s.sfd, indexNext, s.sfd, jIndex); err != nil {
-		return fmt.Errorf("install index: %w", err)
+		return applied, fmt.Errorf("install index: %w", err)
 	}
 	fault("apply:index")
 	if err := unix.Syncfs(s.wfd); err != nil {
-		return fmt.Errorf("syncfs: %w", err)
+		return applied, fmt.Errorf("syncfs: %w", err)
 	}
 	if err := unix.Fsync(s.sfd); err != nil {
-		return fmt.Errorf("fsync state dir: %w", err)
+		return applied, fmt.Errorf("fsync state dir: %w", err)
 	}
 	fault("apply:synced")
-	return nil
+	return applied, nil
 }
 
 func openJournal(jfd int) (*os.File, error) {
@@ -827,9 +862,11 @@ func applyRecord(r *record, wpar int, name, n string, prefd, newfd int) error {
 	return fmt.Errorf("bad record type %v", r.New)
 }
 
-// rollback restores every journaled W entry to its pre-image. It is
+// rollback restores the journaled W entries to their pre-images: the
+// first limit records, or all (limit < 0, after a crash: unapplied
+// records are no-ops then, their pre-image being W's entry). It is
 // idempotent: a crash during rollback is recovered by rolling back again.
-func (s *Stager) rollback(jfd int) error {
+func (s *Stager) rollback(jfd int, limit int) error {
 	f, err := openJournal(jfd)
 	if err != nil {
 		return err
@@ -866,6 +903,9 @@ func (s *Stager) rollback(jfd int) error {
 		}
 		if err != nil {
 			return err
+		}
+		if limit >= 0 && r.N > uint64(limit) {
+			continue // never applied (records are numbered from 1)
 		}
 		if err := s.undo(r, prefd); err != nil {
 			return pathErr("roll back "+r.Op.String(), "work", r.Path, err)
@@ -981,7 +1021,7 @@ func (s *Stager) recover() ([]string, error) {
 		rec.Action = "completed"
 	default:
 		rec.Action = "rolled back"
-		if err := s.rollback(jfd); err != nil {
+		if err := s.rollback(jfd, -1); err != nil {
 			s.recovery = rec
 			return nil, fmt.Errorf("staging: recover: %w", err)
 		}

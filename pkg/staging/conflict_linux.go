@@ -48,7 +48,7 @@ func (s *Stager) discardLayers() error {
 			return fmt.Errorf("staging: unmount the finished run's merged view: %w", err)
 		}
 	}
-	for _, p := range []string{l.Upper, l.OvlWork, l.Base, l.BaseDone, l.Seen, l.Finished} {
+	for _, p := range []string{l.Upper, l.OvlWork, l.Base, l.BaseDone, l.Seen, filepath.Join(l.Layers, "restamp"), l.Finished} {
 		if err := os.RemoveAll(p); err != nil {
 			return fmt.Errorf("staging: discard the finished run's layers: %w", err)
 		}

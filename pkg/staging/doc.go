@@ -5,14 +5,25 @@
 // # Layers
 //
 // W is the principal's working directory; only Commit changes it. B, the
-// overlay's lower layer, is a hard-link farm of W made when the session
-// starts (directories recreated, files hard-linked, symlinks copied) and
-// never changed afterwards: commits replace W's directory entries (new
-// inodes renamed into place) and never write into an existing inode, so
-// B's files keep their content under the mount. U is the upper layer and
-// M = overlay(B, U) the merged view exported to the guest (virtiofsd) or
-// bind-mounted into a namespace sandbox. Plan computes all of this as
-// data; Mount and Unmount are the only mount syscalls.
+// overlay's lower layer, is a hard-link farm of W made afresh when each
+// run starts (directories recreated, files hard-linked, symlinks copied)
+// and never changed during the run: commits replace W's directory
+// entries (new inodes renamed into place) and never write into an
+// existing inode. U is the upper layer and M = overlay(B, U) the merged
+// view exported to the guest (virtiofsd) or bind-mounted into a
+// namespace sandbox. The layers and the journal live in the layer
+// directory, on W's mount; the labels, the lock and the conflicts in the
+// state directory, which outlives runs and reboots. Plan computes all of
+// this as data; Mount and Unmount are the only mount syscalls.
+//
+// # Runs and conflicts
+//
+// Open builds the base from W as it is (or resumes the layers of a run
+// that did not Finish) and stamps every entry (inode, size, mtime,
+// ctime). A staged change is committed only while W's entry still has
+// the stamp of the agent's view; otherwise it is a Conflict: not
+// committed, the user's version stays in W, the agent's is kept under
+// the state directory's conflicts/<run>.
 //
 // # The record of what is staged
 //
@@ -39,19 +50,20 @@
 //
 // # Requirements
 //
-// Linux and root (mount, trusted.* overlay xattrs, chown). The state
-// directory must be on W's mount. The plan and the journal and index
-// encodings are pure and test anywhere.
+// Linux and root (mount, trusted.* overlay xattrs, chown). The layer
+// directory must be on W's mount. The plan and the journal, index,
+// pending and seen encodings are pure and test anywhere.
 //
 // # Tests
 //
-// Plan, encodings (with fuzz targets FuzzJournal and FuzzIndex) and path
+// Plan, encodings (with fuzz targets FuzzJournal, FuzzIndex, FuzzPending and FuzzSeen) and path
 // logic run without root. The rest mounts real overlays in temporary
 // directories as root: every operation class through M, a seeded
 // property test and a fuzz target (FuzzOperations) comparing W and M with
 // in-memory models across random commits, aborts and restarts, crash
 // injection (the commit and the recovery run in a re-executed test binary
 // that SIGKILLs itself at every journal step), and the hostile-input
-// cases. Benchmarks: BenchmarkFileCycle, BenchmarkCommit, BenchmarkScan
+// cases, and a model-based test of many runs on one W with the user
+// editing it between and during runs (TestManyRunsUserEdits). Benchmarks: BenchmarkFileCycle, BenchmarkCommit, BenchmarkScan
 // (CARBD_BENCH_SCAN_FILES sets the file count).
 package staging

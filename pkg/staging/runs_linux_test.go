@@ -457,3 +457,52 @@ func TestResumeKeepsStamps(t *testing.T) {
 		t.Logf("layers kept until the next Open: %v", err)
 	}
 }
+
+// A user edit that lands while a commit prepares (after the path was
+// checked, before it is applied) is not replaced: the commit rolls back
+// (the agent's changes stay staged) and the next commit reports the
+// conflict.
+func TestLateUserEditDuringCommit(t *testing.T) {
+	for _, how := range []string{"in place", "replace"} {
+		t.Run(how, func(t *testing.T) {
+			r := newRunsEnv(t, func(w string) {
+				writeFile(t, filepath.Join(w, "a"), "base a", 0o644)
+				writeFile(t, filepath.Join(w, "b"), "base b", 0o644)
+			})
+			r.start()
+			writeFile(t, filepath.Join(r.M, "a"), "agent a", 0o644)
+			writeFile(t, filepath.Join(r.M, "b"), "agent b", 0o644)
+			faultHook = func(point string) {
+				if point != "applying" {
+					return
+				}
+				faultHook = nil
+				if how == "in place" {
+					writeFileInPlace(t, filepath.Join(r.W, "b"), "user b")
+				} else {
+					writeFile(t, filepath.Join(r.W, "b.tmp"), "user b", 0o644)
+					must(t, os.Rename(filepath.Join(r.W, "b.tmp"), filepath.Join(r.W, "b")))
+				}
+			}
+			defer func() { faultHook = nil }()
+			_, err := r.st.Commit(context.Background(), nil)
+			if !errors.Is(err, errLateConflict) {
+				t.Fatalf("commit with a user edit during it: %v, want errLateConflict", err)
+			}
+			if d := cmp.Diff(map[string]string{"a": "base a", "b": "user b"}, files(t, r.W)); d != "" {
+				t.Fatalf("W after the rolled-back commit (-want +got):\n%s", d)
+			}
+			res := r.commit()
+			if len(res.Conflicts) != 1 || res.Conflicts[0].Path != "b" || res.Applied != 1 {
+				t.Fatalf("the next commit: %+v", res)
+			}
+			if d := cmp.Diff(map[string]string{"a": "agent a", "b": "user b"}, files(t, r.W)); d != "" {
+				t.Fatalf("W after the next commit (-want +got):\n%s", d)
+			}
+			if b, err := os.ReadFile(res.Conflicts[0].Kept); err != nil || string(b) != "agent b" {
+				t.Fatalf("the agent's b kept: %q %v", b, err)
+			}
+			r.end(nil)
+		})
+	}
+}

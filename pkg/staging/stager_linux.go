@@ -519,10 +519,23 @@ func (s *Stager) ensureBase(rootMode uint32) error {
 			return err
 		}
 	} else if _, err := os.Lstat(l.BaseDone); err == nil {
-		if _, err := os.Lstat(l.Seen); err != nil {
-			return fmt.Errorf("%w: %s is complete but %s is missing", ErrCorrupt, l.Base, l.Seen)
+		if _, err := os.Lstat(l.Seen); err == nil {
+			return nil
 		}
-		return nil
+		// Layers of a carbd from before the stamps. Nothing staged: a
+		// fresh base. Staged changes: resumed, stamped from the base as
+		// it is (a write in place into W before this Open is then not
+		// told from the base; the docs say so).
+		ents, err := os.ReadDir(l.Upper)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("staging: %w", err)
+		}
+		if len(ents) > 0 {
+			return s.stampBase()
+		}
+		if err := s.discardLayers(); err != nil {
+			return err
+		}
 	}
 	s.fresh = true
 	// No complete base: nothing can be staged yet, so a non-empty upper
@@ -693,4 +706,54 @@ func (s *Stager) resetCreated(idx map[string]indexEntry) (map[string]indexEntry,
 		return nil, fmt.Errorf("staging: index: %w", err)
 	}
 	return out, nil
+}
+
+// stampBase writes the seen log of an existing base.
+func (s *Stager) stampBase() error {
+	seen := []byte(seenMagic)
+	var walk func(dfd int, rel string) error
+	walk = func(dfd int, rel string) error {
+		return dirNames(dfd, func(names []string) error {
+			for _, n := range names {
+				st, ok, err := lstatAt(dfd, n)
+				if err != nil || !ok {
+					return err
+				}
+				p := joinRel(rel, n)
+				if typeOf(st.Mode) == TypeFile {
+					seen = appendSeenSet(seen, p, stampOf(&st)) // B's link is W's inode
+				} else if wpar, wn, err := parentOf(s.wfd, p); err == nil {
+					// B's directories and symlinks are copies: stamp W's.
+					if wst, ok, err := lstatAt(wpar, wn); err == nil && ok && typeOf(wst.Mode) == typeOf(st.Mode) {
+						seen = appendSeenSet(seen, p, stampOf(&wst))
+					}
+					unix.Close(wpar)
+				}
+				if typeOf(st.Mode) == TypeDir {
+					fd, err := openat2(dfd, n, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+					if err != nil {
+						return pathErr("open", "base", p, err)
+					}
+					err = walk(fd, p)
+					unix.Close(fd)
+					if err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+	}
+	bfd, err := openRoot(s.l.Base)
+	if err != nil {
+		return fmt.Errorf("staging: base dir: %w", err)
+	}
+	defer unix.Close(bfd)
+	if err := walk(bfd, ""); err != nil {
+		return fmt.Errorf("staging: stamp the base: %w", err)
+	}
+	if err := writeFileSync(s.lfd, filepath.Base(s.l.Seen), seen); err != nil {
+		return fmt.Errorf("staging: seen log: %w", err)
+	}
+	return nil
 }
