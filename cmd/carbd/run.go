@@ -74,7 +74,22 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	vmCA := fs.String("vm-ca", "", "VM backends: PEM `file` of the interception CA the guest trusts")
 	fs.DurationVar(&vm.BootTimeout, "vm-boot-timeout", 0, "VM backends: launch to the guest's hello (default 5m)")
 	holdTimeout := fs.Duration("hold-timeout", 10*time.Second, "longest a packet waits for a decision before it is refused")
-	if err := fs.Parse(args); err != nil {
+	envs := &envFlag{lookup: os.LookupEnv}
+	fs.Var(envs, "env", "pass `NAME[=VALUE][@host[,host]]` to the agent's environment, a credential bound to the policy's parties for NAME and the hosts given (NAME alone: carbd's own value; @*: plain, not a credential); repeatable")
+	var envFiles []string
+	fs.Func("env-file", "read NAME=VALUE lines for the agent's environment from `file` (credentials, as --env NAME=VALUE); repeatable", func(s string) error {
+		envFiles = append(envFiles, s)
+		return nil
+	})
+	err := fs.Parse(args)
+	var inline []string
+	for _, v := range envs.vars {
+		if v.Inline {
+			inline = append(inline, v.Value)
+		}
+	}
+	scrubArgs(inline)
+	if err != nil {
 		return err
 	}
 	argv := fs.Args()
@@ -96,13 +111,17 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	agentEnv, p, err := bindEnv(p, envFiles, envs.vars, e)
+	if err != nil {
+		return err
+	}
 	if *vmCA != "" {
 		if vm.CA, err = os.ReadFile(*vmCA); err != nil {
 			return err
 		}
 	}
 	cfg := daemon.Config{ID: *id, StateDir: *stateDir, PolicyPath: *policyPath, Policy: p, Workdir: *workdir, Task: *task,
-		Backend: *backend, Argv: argv, UID: *uid, GID: *gid, Upstream: upstream, Hosts: hosts, HoldTimeout: *holdTimeout,
+		Backend: *backend, Argv: argv, Env: agentEnv, UID: *uid, GID: *gid, Upstream: upstream, Hosts: hosts, HoldTimeout: *holdTimeout,
 		AuditPath: *auditPath, Metrics: *metricsAddr, VM: vm, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
 	switch *oracleName {
 	case "strict":
@@ -156,4 +175,55 @@ func systemResolvers() []netip.AddrPort {
 		}
 	}
 	return out
+}
+
+// bindEnv reads the env files, then the --env flags (a later NAME
+// replaces an earlier one), and binds the values as credentials to the
+// policy. A value too short to be recognised in effects, that neither the
+// policy declares nor a binding names, is passed as plain environment
+// with a warning. It returns the agent's NAME=VALUE list and the policy
+// with the credentials bound.
+func bindEnv(p *decide.Policy, files []string, flags []envVar, e *env) ([]string, *decide.Policy, error) {
+	var vars []envVar
+	for _, f := range files {
+		vs, err := readEnvFile(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		vars = append(vars, vs...)
+	}
+	vars = append(vars, flags...)
+	last := map[string]int{}
+	for i, v := range vars {
+		last[v.Name] = i
+	}
+	declared := map[string]bool{}
+	for _, c := range p.Credentials {
+		declared[c.Name] = true
+	}
+	var agentEnv []string
+	var creds []decide.CredentialValue
+	for i, v := range vars {
+		if last[v.Name] != i {
+			continue
+		}
+		agentEnv = append(agentEnv, v.Name+"="+v.Value)
+		if len(v.Hosts) == 0 && !declared[v.Name] && len(decide.Norm(v.Value)) < decide.MinCredentialLen {
+			e.log.Warn("the value is too short to be recognised in effects: passed as plain environment, not as a credential", "env", v.Name)
+			continue
+		}
+		creds = append(creds, decide.CredentialValue{Name: v.Name, Value: v.Value, Hosts: v.Hosts})
+	}
+	bound, err := p.WithCredentials(creds)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, c := range bound.Credentials {
+		for _, n := range bound.CredentialNames() {
+			if n == c.Name && len(c.Parties) == 0 && len(c.Endpoint.Hosts) == 0 && len(c.Endpoint.Prefixes) == 0 {
+				e.log.Warn("credential bound to no party: every effect carrying it is refused (bind it with --env NAME@host or the policy's credentials)", "env", c.Name)
+			}
+		}
+	}
+	return agentEnv, bound, nil
 }

@@ -45,6 +45,11 @@ type Config struct {
 	Operator    *decide.Operator
 	Calibration *calib.Artifact
 	Argv        []string
+	// Env is NAME=VALUE for the agent's environment besides carbd's own
+	// (carbd run --env): handed to the sandbox through a pipe, never an
+	// argument. Their values are credentials: bind them to the Policy
+	// with decide.Policy.WithCredentials.
+	Env []string
 	// Binds are extra bind mounts into the sandbox (tools, the agent's
 	// program); read-only unless marked writable.
 	Binds []netns.Bind

@@ -173,6 +173,7 @@ func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) err
 	if t := os.Getenv("TERM"); t != "" {
 		env = append(env, "TERM="+t)
 	}
+	env = append(env, d.cfg.Env...) // through the sandbox's configuration pipe, not argv
 	stdin := d.cfg.Stdin
 	if stdin == nil {
 		stdin = eofReader{}
@@ -357,7 +358,7 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 		cancel()
 	}
 	if err := nc.d.files.syncTracing(ctx); err != nil {
-		nc.d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", ev.Summary(), "err", err)
+		nc.d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", nc.d.engine.Policy().Redact(ev.Summary()), "err", err)
 		return nfq.Outcome{Verdict: nfq.Refuse, Reason: "tracing-sync"}
 	}
 	res := nc.d.engine.Propose(ctx, ev)

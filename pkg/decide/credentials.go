@@ -39,6 +39,10 @@ type CredentialValue struct {
 	Hosts []string
 }
 
+// MinCredentialLen is the shortest credential value, in bytes after
+// Norm, that carbd can recognise in effects.
+const MinCredentialLen = match.MinTokenLen
+
 // CodeCredential is the reason code of an effect refused because it
 // carries a credential to a destination the credential is not bound to.
 const CodeCredential = "credential-unbound"
@@ -364,11 +368,12 @@ func (cs *credentialSet) sharing(name string) []string {
 	return out
 }
 
-// credentialWhere names a credential's destinations in words.
+// credentialWhere names a credential's destinations in words; empty
+// when it has none.
 func (p *Policy) credentialWhere(name string) string {
 	c := p.creds.byName[name]
 	if c == nil {
-		return "nothing"
+		return ""
 	}
 	var ws []string
 	ws = append(ws, c.Parties...)
@@ -377,9 +382,6 @@ func (p *Policy) credentialWhere(name string) string {
 	}
 	for _, pf := range c.Endpoint.Prefixes {
 		ws = append(ws, pf.String())
-	}
-	if len(ws) == 0 {
-		return "nothing (no party is bound to it)"
 	}
 	return strings.Join(ws, ", ")
 }

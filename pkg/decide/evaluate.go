@@ -86,8 +86,12 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 	if unbound != "" {
 		d.Verdict, d.Layer, d.Policy = Refuse, LayerRule, Refuse
 		d.Reason = Reason{Code: CodeCredential, Rule: unbound, Value: clip(destName(ev, spec), 200)}
-		d.Justification = fmt.Sprintf("carries the credential %s, which may be sent only to %s; %s is not bound to it",
-			CredentialMarker(unbound), p.credentialWhere(unbound), credentialDest(ev, spec))
+		where := "which no party may receive"
+		if w := p.credentialWhere(unbound); w != "" {
+			where = "which may be sent only to " + w
+		}
+		d.Justification = fmt.Sprintf("carries the credential %s, %s; %s is not bound to it",
+			CredentialMarker(unbound), where, credentialDest(ev, spec))
 		return d
 	}
 	// Internal channels (the model provider) are released and logged.
