@@ -11,6 +11,7 @@ import (
 
 	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/oracle/llm"
 )
 
 func init() {
@@ -51,7 +52,7 @@ func runReplay(ctx context.Context, e *env, args []string) error {
 	case "strict":
 		opt.Oracle = decide.Strict{}
 	case "llm":
-		o, err := decide.LLMFromEnv()
+		o, err := llm.FromEnv()
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/daemon"
 	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/oracle/llm"
 )
 
 func init() {
@@ -130,7 +131,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 		op := decide.NewOperator(*operatorTimeout)
 		cfg.Oracle, cfg.Operator = op, op
 	case "llm":
-		o, err := decide.LLMFromEnv()
+		o, err := llm.FromEnv()
 		if err != nil {
 			return err
 		}
