@@ -253,7 +253,8 @@ func (s *Stager) preserve(c Change, reason string) (Conflict, error) {
 	if err := os.MkdirAll(filepath.Join(run, "files"), 0o700); err != nil {
 		return cf, fmt.Errorf("staging: conflicts: %w", err)
 	}
-	for _, d := range []string{s.l.Conflicts, run, filepath.Join(run, "files")} {
+	_ = os.Chmod(s.l.Conflicts, 0o711)
+	for _, d := range []string{run, filepath.Join(run, "files")} {
 		_ = os.Chown(d, int(s.owner.UID), int(s.owner.GID))
 	}
 	kept, err := s.keepAgentVersion(filepath.Join(run, "files"), c)

@@ -96,6 +96,11 @@ func OpenLayout(l *Layout) (_ *Stager, err error) {
 	if err := os.MkdirAll(l.State, 0o700); err != nil {
 		return nil, fmt.Errorf("staging: state dir: %w", err)
 	}
+	// Searchable, not readable: W's owner reaches conflicts/ (its own);
+	// the index, the pending labels and the lock are 0600.
+	if err := os.Chmod(l.State, 0o711); err != nil {
+		return nil, fmt.Errorf("staging: state dir: %w", err)
+	}
 	if s.sfd, err = openRoot(l.State); err != nil {
 		return nil, fmt.Errorf("staging: state dir: %w", err)
 	}
