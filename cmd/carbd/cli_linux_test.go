@@ -191,6 +191,11 @@ func cliWorkdir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	testutil.Run(t, "chown", "-R", fmt.Sprintf("%d:%d", cliUID, cliUID), d)
+	t.Cleanup(func() { // the state carbd run keeps for the working directory
+		if id, err := daemon.WorkStateID(d); err == nil {
+			_ = os.RemoveAll(filepath.Join(daemon.DefaultWorkStateRoot, id))
+		}
+	})
 	return d
 }
 

@@ -16,14 +16,23 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/sandbox/netns"
+	"github.com/carbd/carbd/pkg/staging"
 )
 
 // DefaultStateDir holds carbd's per-sandbox state: sockets, the audit log,
 // the sandbox index locks.
 const DefaultStateDir = "/run/carbd"
+
+// DefaultWorkStateRoot holds the state of each working directory that
+// outlives runs, restarts and reboots (docs/staging.md): its committed
+// labels, the conflicts kept for its user. One directory per working
+// directory, named by WorkStateID.
+const DefaultWorkStateRoot = "/var/lib/carbd/w"
 
 // Config configures one `carbd run`.
 type Config struct {
@@ -34,6 +43,11 @@ type Config struct {
 	// StagingDir holds the overlay layers and the journal; it must be on
 	// the working directory's filesystem. Empty: <parent of W>/.carbd/<id>.
 	StagingDir string
+	// WorkStateDir is the working directory's state that outlives runs,
+	// restarts and reboots: the committed labels and created-path index,
+	// the pending labels and the conflicts kept for the user. Empty:
+	// DefaultWorkStateRoot/<WorkStateID(W)>. Never visible in the sandbox.
+	WorkStateDir string
 
 	PolicyPath string
 	Policy     *decide.Policy
@@ -85,8 +99,30 @@ type Summary struct {
 	Committed    []string
 	Aborted      []string
 	FileRefusals []string
-	Stats        decide.Stats
-	Stopped      bool
+	// Conflicts are staged changes not committed because the user changed
+	// the path in the working directory under the agent (or released
+	// changes not committed when the run ended): the user's version is in
+	// W, the agent's is kept at Conflict.Kept.
+	Conflicts []staging.Conflict
+	Stats     decide.Stats
+	Stopped   bool
+}
+
+// WorkStateID names a working directory's state: a digest of its absolute
+// path, device and inode, so a directory removed and made again at the
+// same path, or another filesystem mounted there, does not inherit the
+// labels of the one before.
+func WorkStateID(workdir string) (string, error) {
+	abs, err := filepath.Abs(workdir)
+	if err != nil {
+		return "", err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(abs, &st); err != nil {
+		return "", fmt.Errorf("working directory %s: %w", abs, err)
+	}
+	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d", filepath.Clean(abs), st.Dev, st.Ino))
+	return hex.EncodeToString(h[:10]), nil
 }
 
 // DefaultID derives a sandbox id from the working directory.
@@ -137,6 +173,13 @@ func (c *Config) validate() error {
 	if c.StagingDir == "" && c.Workdir != "" {
 		c.StagingDir = filepath.Join(filepath.Dir(c.Workdir), ".carbd", c.ID)
 	}
+	if c.WorkStateDir == "" && c.Workdir != "" {
+		if id, err := WorkStateID(c.Workdir); err != nil {
+			errs = append(errs, err)
+		} else {
+			c.WorkStateDir = filepath.Join(DefaultWorkStateRoot, id)
+		}
+	}
 	if c.Oracle == nil {
 		c.Oracle = decide.Strict{}
 	}
@@ -165,6 +208,7 @@ type daemon struct {
 	net     *netChannel
 	files   *fileChannel
 	sandbox sandboxProc
+	audit   io.Writer // the audit log (safe for concurrent use)
 
 	mu        sync.Mutex // guards the fields below
 	decisions map[uint64]*decide.Decision
@@ -265,21 +309,25 @@ func (d *daemon) setup(ctx context.Context) error {
 		d.onClose(f.Close)
 		audit = io.MultiWriter(auditF, f)
 	}
-	opt := decide.Options{Oracle: stoppableOracle{Oracle: d.cfg.Oracle, stopping: d.stopping}, Audit: &lockedWriter{w: audit}, OracleTimeout: 5 * time.Minute}
-	if a := d.cfg.Calibration; a != nil {
-		c := a.Engine()
-		opt.Calibration = &c
-	}
-	d.engine = decide.New(d.cfg.Policy, opt)
-	d.engine.Task(d.cfg.Task)
-
-	// The file channel: recover, mount the merged view.
+	// The file channel first: recover the journal, mount the merged view,
+	// and load the labels earlier runs committed, which every read of
+	// their paths carries (decide.Options.LocationLabel).
 	fc, err := openFileChannel(d)
 	if err != nil {
 		return err
 	}
 	d.files = fc
 	d.onClose(fc.close)
+	labels := fc.st.Labels()
+	d.audit = &lockedWriter{w: audit}
+	opt := decide.Options{Oracle: stoppableOracle{Oracle: d.cfg.Oracle, stopping: d.stopping}, Audit: d.audit, OracleTimeout: 5 * time.Minute,
+		LocationLabel: labels.Get}
+	if a := d.cfg.Calibration; a != nil {
+		c := a.Engine()
+		opt.Calibration = &c
+	}
+	d.engine = decide.New(d.cfg.Policy, opt)
+	d.engine.Task(d.cfg.Task)
 
 	// The network channel and the sandbox.
 	nc, err := startNetChannel(ctx, d, index) // sets d.net
@@ -386,6 +434,10 @@ loop:
 		d.applyResolution(r)
 		d.files.commitPoint(fctx)
 	}
+	// The run is over: what was released but is not in W is kept for the
+	// user, the rest staged is discarded, and the next run starts from a
+	// fresh base (W as it is then).
+	d.files.endRun(fctx)
 	return d.summary(code), nil
 }
 
@@ -437,6 +489,35 @@ func (d *daemon) oracleWait() time.Duration {
 		return d.cfg.Operator.Timeout
 	}
 	return 5 * time.Minute
+}
+
+// hiddenPaths are the host directories the sandbox must not see: the
+// state of working directories (labels, conflicts) and the staging
+// layers and journal, this one's and (at the default places) those of
+// other working directories.
+func (d *daemon) hiddenPaths() []string {
+	hide := []string{d.cfg.WorkStateDir, d.cfg.StagingDir, DefaultWorkStateRoot}
+	if def := filepath.Join(filepath.Dir(d.cfg.Workdir), ".carbd"); filepath.Dir(d.cfg.StagingDir) == def {
+		hide = append(hide, def)
+	}
+	var out []string
+	for _, h := range hide {
+		// Never a directory that holds the working directory or a bind.
+		ok := h != "" && !within(d.cfg.Workdir, h)
+		for _, b := range d.cfg.Binds {
+			ok = ok && !within(b.Source, h) && !within(b.Target, h)
+		}
+		if ok {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// within reports whether p is dir or below it.
+func within(p, dir string) bool {
+	p, dir = filepath.Clean(p), filepath.Clean(dir)
+	return p == dir || strings.HasPrefix(p, dir+"/") || dir == "/"
 }
 
 // searchable checks that the sandbox's unprivileged user can reach dir
@@ -528,6 +609,7 @@ func (d *daemon) summary(code int) *Summary {
 	sortDecisions(s.Held)
 	if d.files != nil {
 		s.Committed, s.Aborted, s.FileRefusals = d.files.outcome()
+		s.Conflicts = d.files.conflictList()
 	}
 	return s
 }
@@ -556,6 +638,12 @@ func (s *Summary) WriteSummary(w io.Writer) {
 	}
 	for _, r := range s.FileRefusals {
 		fmt.Fprintf(w, "  staging refused: %s\n", r)
+	}
+	for _, c := range s.Conflicts {
+		fmt.Fprintf(w, "  CONFLICT %s\n", c)
+	}
+	if len(s.Conflicts) > 0 {
+		fmt.Fprintf(w, "  (the working directory keeps the user's version of each conflict; see docs/operator.md, \"Conflicts\")\n")
 	}
 }
 

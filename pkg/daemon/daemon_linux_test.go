@@ -109,7 +109,16 @@ func workdir(t *testing.T) string {
 	if err := os.Chown(d, sandboxUID, sandboxUID); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { removeWorkState(d) })
 	return d
+}
+
+// removeWorkState removes the state a run kept for the working directory
+// at the default place (/var/lib/carbd/w/<id>).
+func removeWorkState(workdir string) {
+	if id, err := WorkStateID(workdir); err == nil {
+		_ = os.RemoveAll(filepath.Join(DefaultWorkStateRoot, id))
+	}
 }
 
 const e2ePolicy = `

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -44,6 +46,8 @@ type fileChannel struct {
 	committed    []string
 	aborted      []string
 	refusals     []string
+	conflicts    []staging.Conflict  // in the order found
+	conflicted   map[string][32]byte // path -> digest of the staged change found in conflict
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -54,20 +58,39 @@ type fileChannel struct {
 type pathState struct {
 	decided bool // some decision was recorded
 	refused bool // some effect on it was refused
-	held    bool // some effect on it is held in the open scope
 	seqs    []uint64
 }
 
 func openFileChannel(d *daemon) (*fileChannel, error) {
-	fc := &fileChannel{d: d, paths: map[string]*pathState{}}
+	fc := &fileChannel{d: d, paths: map[string]*pathState{}, conflicted: map[string][32]byte{}}
 	fc.merged = filepath.Join(d.dir, "merged")
-	st, err := staging.Open(staging.Config{WorkDir: d.cfg.Workdir, StateDir: d.cfg.StagingDir, MergedDir: fc.merged})
+	if within(d.cfg.WorkStateDir, DefaultWorkStateRoot) {
+		// Searchable by W's owner, who takes the agent's versions of
+		// conflicts from its state directory (hidden from the sandbox).
+		for _, dir := range []string{filepath.Dir(DefaultWorkStateRoot), DefaultWorkStateRoot} {
+			if err := os.MkdirAll(dir, 0o711); err != nil {
+				return nil, fmt.Errorf("staging: state dir: %w", err)
+			}
+			if err := os.Chmod(dir, 0o711); err != nil {
+				return nil, fmt.Errorf("staging: state dir: %w", err)
+			}
+		}
+	}
+	if err := migrateIndex(d.cfg.StagingDir, d.cfg.WorkStateDir); err != nil {
+		return nil, err
+	}
+	st, err := staging.Open(staging.Config{WorkDir: d.cfg.Workdir, StateDir: d.cfg.WorkStateDir, LayerDir: d.cfg.StagingDir, MergedDir: fc.merged})
 	if err != nil {
 		return nil, fmt.Errorf("staging: %w", err)
 	}
 	fc.st = st
 	if rec := st.Recovery(); rec != (staging.Recovery{}) {
 		d.log.Info("staging journal recovered", "recovery", fmt.Sprintf("%+v", rec))
+	}
+	if st.Fresh() {
+		d.log.Info("staging: a fresh base of the working directory", "run", st.RunID(), "state", d.cfg.WorkStateDir, "labels", st.Labels().Len())
+	} else {
+		d.log.Info("staging: resuming the layers of a run that did not finish; its staged changes are decided in this run", "run", st.RunID(), "state", d.cfg.WorkStateDir)
 	}
 	// The merged view's root takes its owner from the upper layer's root:
 	// the working directory's owner, so the sandbox (mapped to that user)
@@ -84,11 +107,6 @@ func openFileChannel(d *daemon) (*fileChannel, error) {
 		return nil, fmt.Errorf("staging: mount the merged view: %w", err)
 	}
 	return fc, nil
-}
-
-// locationLabel gives the engine the labels earlier sessions persisted.
-func (fc *fileChannel) locationLabel(path string) (decide.Label, bool) {
-	return fc.st.Labels().Committed(path)
 }
 
 // startTracing creates the sandbox's cgroup and traces it. Tracing feeds
@@ -358,6 +376,12 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 	}
 	var commit, abort []staging.Change
 	for _, c := range changes {
+		fc.mu.Lock()
+		known := fc.conflicted[c.Path] == c.Digest && c.Digest != [32]byte{}
+		fc.mu.Unlock()
+		if known {
+			continue // kept for the user already; it stays staged until the run ends
+		}
 		if c.Refused != "" {
 			abort = append(abort, c)
 			continue
@@ -384,13 +408,26 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 		}
 	}
 	if len(commit) > 0 {
+		// A change whose label cannot be persisted is not committed (it
+		// stays staged and is reported): in W without its label, a later
+		// read would launder what the agent had read.
+		labelled := commit[:0:0]
 		for _, c := range commit {
 			if lb, ok := fc.d.engine.LocationLabel(c.Path); ok {
-				_ = fc.st.Stage(c.Path, lb)
+				if err := fc.st.Stage(c.Path, lb); err != nil {
+					fc.d.log.Error("persist the label of a staged change: not committed", "path", c.Path, "err", err)
+					fc.mu.Lock()
+					fc.refusals = append(fc.refusals, fmt.Sprintf("%s %q: label not persisted: %v", c.Op, c.Path, err))
+					fc.mu.Unlock()
+					continue
+				}
 			}
+			labelled = append(labelled, c)
 		}
-		res, err := fc.st.Commit(ctx, commit)
-		fc.finish(commit, res, err, true)
+		if len(labelled) > 0 {
+			res, err := fc.st.Commit(ctx, labelled)
+			fc.finish(labelled, res, err, true)
+		}
 	}
 	if len(abort) > 0 {
 		res, err := fc.st.Abort(ctx, abort)
@@ -445,6 +482,14 @@ func (fc *fileChannel) finish(changes []staging.Change, res *staging.Result, err
 		refused[r.Path] = true
 		fc.refusals = append(fc.refusals, r.String())
 	}
+	digests := make(map[string][32]byte, len(changes))
+	for _, c := range changes {
+		digests[c.Path] = c.Digest
+	}
+	for _, cf := range res.Conflicts {
+		refused[cf.Path] = true // not in W: stays staged
+		fc.conflictLocked(cf, digests[cf.Path])
+	}
 	for _, c := range changes {
 		if refused[c.Path] {
 			continue
@@ -460,6 +505,102 @@ func (fc *fileChannel) finish(changes []staging.Change, res *staging.Result, err
 	}
 }
 
+// conflictLocked records a conflict (once per staged version of its
+// path): for the summary, the status and the audit log.
+func (fc *fileChannel) conflictLocked(cf staging.Conflict, digest [32]byte) {
+	if d, ok := fc.conflicted[cf.Path]; ok && d == digest {
+		return
+	}
+	fc.conflicted[cf.Path] = digest
+	fc.conflicts = append(fc.conflicts, cf)
+	fc.d.log.Warn("conflict: not committed, the working directory keeps the user's version", "path", cf.Path, "op", cf.Op.String(), "reason", cf.Reason, "kept", cf.Kept)
+	if fc.d.audit != nil {
+		rec := struct {
+			Type   string    `json:"type"`
+			Time   time.Time `json:"time"`
+			Run    string    `json:"run"`
+			Op     string    `json:"op"`
+			Path   string    `json:"path"`
+			Reason string    `json:"reason"`
+			Kept   string    `json:"kept,omitempty"`
+		}{"conflict", time.Now().UTC(), fc.st.RunID(), cf.Op.EventOp(), cf.Path, cf.Reason, cf.Kept}
+		if b, err := json.Marshal(rec); err == nil {
+			if _, err := fc.d.audit.Write(append(b, '\n')); err != nil {
+				fc.d.log.Error("audit log", "err", err)
+			}
+		}
+	}
+}
+
+// endRun ends the staging's run: a change released but not in W (its
+// commit failed, or it was still being committed) is kept for the user as
+// a conflict; what else is staged (refused, or undecided at the end) is
+// discarded; the next run starts from a fresh base. When this fails the
+// layers stay and the next run resumes them.
+func (fc *fileChannel) endRun(ctx context.Context) {
+	cfs, err := fc.st.Finish(ctx, func(c staging.Change) bool {
+		ps := fc.state(c.Path)
+		return ps != nil && fc.verdictOf(ps) == decide.Release
+	})
+	fc.mu.Lock()
+	for _, cf := range cfs {
+		fc.conflictLocked(cf, [32]byte{1})
+	}
+	fc.mu.Unlock()
+	if err != nil {
+		fc.d.log.Error("end the staging run: its layers stay, the next run resumes them", "err", err)
+	}
+}
+
+// conflictList returns the conflicts found so far.
+func (fc *fileChannel) conflictList() []staging.Conflict {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	return append([]staging.Conflict(nil), fc.conflicts...)
+}
+
+// migrateIndex moves the label index of the layout before W's state
+// lived apart (in the layer directory) to the state directory, so that
+// no committed label is forgotten by an upgrade.
+func migrateIndex(layerDir, stateDir string) error {
+	if layerDir == stateDir {
+		return nil
+	}
+	old := filepath.Join(layerDir, "index")
+	b, err := os.ReadFile(old)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("staging: migrate the label index: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, "index")); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return fmt.Errorf("staging: migrate the label index: %w", err)
+	}
+	tmp := filepath.Join(stateDir, "index.migrate")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("staging: migrate the label index: %w", err)
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(stateDir, "index"))
+	}
+	if err != nil {
+		return fmt.Errorf("staging: migrate the label index: %w", err)
+	}
+	return os.Remove(old)
+}
+
 func (fc *fileChannel) outcome() (committed, aborted, refusals []string) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
@@ -471,7 +612,11 @@ func (fc *fileChannel) outcome() (committed, aborted, refusals []string) {
 func (fc *fileChannel) counters() FileCounters {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
-	c := FileCounters{Events: fc.events, Unattributed: fc.unattributed, Committed: fc.commits, Aborted: fc.aborts, Refused: uint64(len(fc.refusals))}
+	c := FileCounters{Events: fc.events, Unattributed: fc.unattributed, Committed: fc.commits, Aborted: fc.aborts, Refused: uint64(len(fc.refusals)),
+		Run: fc.st.RunID(), State: fc.d.cfg.WorkStateDir, Labels: fc.st.Labels().Len()}
+	for _, cf := range fc.conflicts {
+		c.Conflicts = append(c.Conflicts, ConflictStatus{Path: cf.Path, Op: cf.Op.EventOp(), Reason: cf.Reason, Kept: cf.Kept})
+	}
 	if fc.tracer != nil {
 		c.Lost = fc.tracer.Lost()
 	}

@@ -183,6 +183,7 @@ func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) err
 		UID: d.cfg.UID, GID: d.cfg.GID, Hostname: "carbd-" + d.cfg.ID,
 		DNS:    []netip.Addr{plan.HostAddr4.Addr()},
 		Binds:  append([]netns.Bind{{Source: nc.agentDir, Target: "/run/carbd", Writable: true}}, d.cfg.Binds...),
+		Hide:   d.hiddenPaths(),
 		Cgroup: cgroup,
 		BeforeUp: func(host netlink.Link) error {
 			return nc.hooks(lctx, tcfg)

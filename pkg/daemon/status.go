@@ -115,6 +115,24 @@ type FileCounters struct {
 	Committed    uint64 `json:"committed"`
 	Aborted      uint64 `json:"aborted"`
 	Refused      uint64 `json:"refused"`
+	// Run names the staging's run (its conflicts are kept under
+	// State/conflicts/<run>); State is the working directory's state
+	// directory; Labels counts its committed labels.
+	Run    string `json:"run"`
+	State  string `json:"state"`
+	Labels int    `json:"labels"`
+	// Conflicts are the staged changes of this run not committed because
+	// the user changed the path in the working directory under the agent.
+	Conflicts []ConflictStatus `json:"conflicts,omitempty"`
+}
+
+// ConflictStatus is one conflict: W keeps the user's version, the
+// agent's is at Kept (empty for a removal).
+type ConflictStatus struct {
+	Path   string `json:"path"`
+	Op     string `json:"op"`
+	Reason string `json:"reason"`
+	Kept   string `json:"kept,omitempty"`
 }
 
 // KernelFeatures says what carbd uses on this host.
@@ -191,7 +209,17 @@ func WriteText(w io.Writer, sts []SandboxStatus, now time.Time) {
 			fmt.Fprintf(w, "  datapath %s\n", nonZero(s.Datapath, ""))
 		}
 		f := s.Files
-		fmt.Fprintf(w, "  files    %d events (%d lost, %d unattributed reads), %d committed, %d aborted, %d refused\n", f.Events, f.Lost, f.Unattributed, f.Committed, f.Aborted, f.Refused)
+		fmt.Fprintf(w, "  files    %d events (%d lost, %d unattributed reads), %d committed, %d aborted, %d refused, %d conflicts\n", f.Events, f.Lost, f.Unattributed, f.Committed, f.Aborted, f.Refused, len(f.Conflicts))
+		if f.State != "" {
+			fmt.Fprintf(w, "  state    %s (run %s, %d labels)\n", f.State, f.Run, f.Labels)
+		}
+		for _, c := range f.Conflicts {
+			kept := "nothing to keep (a removal)"
+			if c.Kept != "" {
+				kept = "agent's version at " + c.Kept
+			}
+			fmt.Fprintf(w, "  CONFLICT %s %s — %s; %s\n", c.Op, oneLine(c.Path, 60), c.Reason, kept)
+		}
 		k := s.Kernel
 		fmt.Fprintf(w, "  kernel   tc=%s netfilter=%s tracing=%s overlay=%s\n", k.TC, k.Netfilter, k.Tracing, k.Overlay)
 	}

@@ -50,6 +50,11 @@ type Config struct {
 	// DNS is the resolver the sandbox uses (carbd's, on the host side).
 	DNS   []netip.Addr
 	Binds []Bind
+	// Hide lists host directories the sandbox must not see at all
+	// (carbd's state of the working directory, its staging layers): each
+	// is covered by an empty, read-only directory. Missing ones are
+	// skipped. A hidden directory must not contain Workdir or a bind.
+	Hide []string
 	// Cgroup, when set, is a cgroup v2 directory the sandbox is placed
 	// in before its command starts (for tracing by cgroup).
 	Cgroup string
@@ -71,6 +76,7 @@ type initConfig struct {
 	Hostname string   `json:"hostname"`
 	DNS      []string `json:"dns"`
 	Binds    []Bind   `json:"binds"`
+	Hide     []string `json:"hide"`
 }
 
 // Sandbox is a running sandbox.
@@ -141,7 +147,7 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	if err := s.network(cmd.Process.Pid); err != nil {
 		return nil, err
 	}
-	ic := initConfig{Workdir: cfg.Workdir, Merged: cfg.Merged, Argv: cfg.Argv, Env: cfg.Env, Hostname: cfg.Hostname, Binds: cfg.Binds}
+	ic := initConfig{Workdir: cfg.Workdir, Merged: cfg.Merged, Argv: cfg.Argv, Env: cfg.Env, Hostname: cfg.Hostname, Binds: cfg.Binds, Hide: cfg.Hide}
 	for _, a := range cfg.DNS {
 		ic.DNS = append(ic.DNS, a.String())
 	}
@@ -388,6 +394,14 @@ func setupMounts(ic *initConfig) error {
 		}
 		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size=256m"); err != nil {
 			return fmt.Errorf("scratch space at %s: %w", d, err)
+		}
+	}
+	for _, d := range ic.Hide {
+		if st, err := os.Lstat(d); err != nil || !st.IsDir() {
+			continue
+		}
+		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=000,size=4k"); err != nil {
+			return fmt.Errorf("hide %s: %w", d, err)
 		}
 	}
 	if err := os.MkdirAll(ic.Workdir, 0o755); err != nil {
