@@ -6,10 +6,10 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PKGS := clang-14 llvm-14 libbpf-dev bpftool iptables nftables iperf3 \
             busybox-static cpio qemu-system-x86 qemu-system-common qemu-utils \
             socat curl dnsutils iputils-ping netcat-openbsd tcpdump tshark \
-            iproute2 kmod ca-certificates make
+            iproute2 kmod ca-certificates make zsh fish groff-base
 BIN      := bin/carbd
 
-.PHONY: all setup build test test-fresh test-short bench demo generate check-generated fuzz fuzz-long clean vmimage
+.PHONY: all setup build install deb test test-fresh test-short e2e bench demo generate check-generated fuzz fuzz-long clean vmimage
 
 all: build
 
@@ -22,7 +22,31 @@ setup:
 
 ## build: the static carbd binary in bin/
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/carbd
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -o $(BIN) ./cmd/carbd
+
+## install: carbd, its manual page and shell completions under PREFIX
+PREFIX  ?= /usr/local
+DESTDIR ?=
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/carbd
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
+	           $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	$(BIN) man | gzip -9n > $(DESTDIR)$(PREFIX)/share/man/man1/carbd.1.gz
+	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/carbd
+	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_carbd
+	$(BIN) completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/carbd.fish
+
+## deb: a Debian package of the static binary, manual and completions in
+##      bin/ (dpkg-deb); its version comes from git
+DEB_VERSION ?= $(shell git log -1 --format=0.0~git%cd.%h --date=format:%Y%m%d 2>/dev/null || echo 0.0)
+deb: build
+	rm -rf bin/deb && mkdir -p bin/deb/DEBIAN
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/bin/deb PREFIX=/usr
+	install -D -m 0644 examples/policy.yaml bin/deb/usr/share/doc/carbd/examples/policy.yaml
+	install -D -m 0644 README.md bin/deb/usr/share/doc/carbd/README.md
+	printf 'Package: carbd\nVersion: %s\nArchitecture: amd64\nMaintainer: carbd developers <carbd@localhost>\nSection: admin\nPriority: optional\nDepends: iptables, iproute2\nRecommends: qemu-system-common, tshark\nDescription: enforcement layer for AI agents in sandboxes\n carbd keeps every effect of an AI agent (requests, file writes) out of\n the world until it has decided, by policy, provenance and calibrated\n risk control.\n' '$(DEB_VERSION)' > bin/deb/DEBIAN/control
+	dpkg-deb --root-owner-group --build bin/deb bin/carbd_$(DEB_VERSION)_amd64.deb
+	dpkg-deb --contents bin/carbd_$(DEB_VERSION)_amd64.deb | grep -q './usr/bin/carbd$$'
 
 ## test: every test; privileged ones run as root (CI) and skip otherwise;
 ##       the committed eBPF objects must match their sources. It starts
@@ -39,6 +63,19 @@ test: check-generated test-fresh
 ##       then show on every run. A no-op when not root.
 test-fresh:
 	$(SUDO) .ci/fresh-state
+
+## e2e: a real coding agent (Codex CLI from npm, pinned in
+##      internal/e2e/agent, installed under E2E_DIR) inside `carbd run` with
+##      examples/policy.yaml, against a scripted model server (root). Node
+##      and npm come from Debian when the machine has none.
+E2E_DIR ?= /var/lib/carbd-e2e
+e2e:
+	command -v npm >/dev/null || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm
+	$(SUDO) mkdir -p $(E2E_DIR)
+	$(SUDO) cp internal/e2e/agent/package.json internal/e2e/agent/package-lock.json $(E2E_DIR)/
+	cd $(E2E_DIR) && $(SUDO) npm ci --no-audit --no-fund --loglevel=error
+	$(GO) vet -tags e2e ./internal/e2e/...
+	CARBD_CODEX=$(E2E_DIR)/node_modules/.bin/codex $(GO) test -tags e2e -count=1 -v -timeout 15m ./internal/e2e/...
 
 ## test-short: the unprivileged unit tests only
 test-short:

@@ -8,17 +8,11 @@ import (
 )
 
 func init() {
-	register(&command{name: "agentdojo", summary: "read AgentDojo run logs (stats: per pipeline and suite counts)", run: runAgentDojo})
+	register(&command{name: "agentdojo", summary: "read AgentDojo run logs (stats: per pipeline and suite counts)",
+		forms: []form{{"stats", "per pipeline and suite counts of the runs, and every member skipped with the reason"}}, run: runAgentDojo})
 }
 
 func runAgentDojo(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintln(e.stderr, "usage: carbd agentdojo stats --runs PATH [--policies DIR]")
-		if len(args) == 0 {
-			return fmt.Errorf("%w: want a subcommand (stats)", errUsage)
-		}
-		return nil
-	}
 	switch args[0] {
 	case "stats":
 		return runAgentDojoStats(ctx, e, args[1:])
@@ -38,9 +32,11 @@ func runAgentDojoStats(ctx context.Context, e *env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *runs == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("%w: --runs PATH is required and no arguments are taken", errUsage)
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	if *runs == "" {
+		return fmt.Errorf("%w: --runs PATH is required", errUsage)
 	}
 	d, err := agentdojo.Open(*runs)
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/carbd/carbd/pkg/calib"
@@ -38,12 +38,22 @@ func registerCalibForm(f *calibForm) {
 		panic("carbd: calib form registered twice or badly named: " + f.name)
 	}
 	calibForms[f.name] = f
+	if c, ok := commands["calib"]; ok {
+		c.forms = append(c.forms, form{f.name, f.summary})
+	}
+}
+
+// unregisterCalibForm removes a form (tests).
+func unregisterCalibForm(name string) {
+	delete(calibForms, name)
+	c := commands["calib"]
+	c.forms = slices.DeleteFunc(c.forms, func(f form) bool { return f.name == name })
 }
 
 const calibFieldsSynopsis = "--fields FILE.jsonl --alpha target=0.01,credential=0.01,command=0.01 [--delta 0.05] [--episode] [--attacked-only] [--rule crc|cp] [--score ngram] -o calib.json"
 
 func init() {
-	register(&command{name: "calib", summary: "calibrate per-role CRC thresholds into an artifact", run: runCalib})
+	register(&command{name: "calib", summary: "calibrate per-role CRC thresholds into an artifact", formsOptional: true, run: runCalib})
 }
 
 func runCalib(ctx context.Context, e *env, args []string) error {
@@ -51,22 +61,9 @@ func runCalib(ctx context.Context, e *env, args []string) error {
 		if f, ok := calibForms[args[0]]; ok {
 			return f.run(ctx, e, args[1:])
 		}
-		calibUsage(e)
-		return fmt.Errorf("%w: unknown form %q", errUsage, args[0])
+		return fmt.Errorf("%w: unknown form %q (calib --fields ..., or calib agentdojo)", errUsage, args[0])
 	}
 	return runCalibFields(ctx, e, args)
-}
-
-func calibUsage(e *env) {
-	fmt.Fprintf(e.stderr, "usage: carbd calib %s\n", calibFieldsSynopsis)
-	names := make([]string, 0, len(calibForms))
-	for n := range calibForms {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(e.stderr, "       carbd calib %s %s\n           %s\n", n, calibForms[n].synopsis, calibForms[n].summary)
-	}
 }
 
 // calibFilesFlag is a repeatable string flag.
@@ -79,12 +76,7 @@ func (m *calibFilesFlag) Set(v string) error { *m = append(*m, v); return nil }
 // role-stratified CRC, prints the per-stratum report and writes the
 // artifact (see docs/calibration.md).
 func runCalibFields(_ context.Context, e *env, args []string) error {
-	fs := newFlagSet(e, "calib", calibFieldsSynopsis)
-	fs.Usage = func() {
-		calibUsage(e)
-		fmt.Fprintln(e.stderr, "\nflags of the --fields form:")
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet(e, "calib", calibFieldsSynopsis+"\n       carbd calib FORM ... (carbd calib FORM --help; forms: "+commands["calib"].formNames()+")")
 	var files calibFilesFlag
 	fs.Var(&files, "fields", "calibration field `file` (JSON lines: role, score, violated, attacked, episode); repeatable")
 	alpha := fs.String("alpha", "", "per-role risk `budgets`, e.g. target=0.01,credential=0.01,command=0.01 (required)")
@@ -100,9 +92,11 @@ func runCalibFields(_ context.Context, e *env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if len(files) == 0 || *alpha == "" || *out == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("%w: --fields, --alpha and -o are required, and no arguments are taken", errUsage)
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	if len(files) == 0 || *alpha == "" || *out == "" {
+		return fmt.Errorf("%w: --fields, --alpha and -o are required", errUsage)
 	}
 	budgets, err := calib.ParseBudgets(*alpha)
 	if err != nil {

@@ -29,9 +29,11 @@ func runCalibAgentDojo(ctx context.Context, e *env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *out == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("%w: -o is required and no arguments are taken", errUsage)
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	if *out == "" {
+		return fmt.Errorf("%w: -o is required", errUsage)
 	}
 	ps, budgets, kind, err := f.load(ctx, e, 1)
 	if err != nil {

@@ -165,13 +165,13 @@ func TestCalibForms(t *testing.T) {
 		got = args
 		return nil
 	}})
-	t.Cleanup(func() { delete(calibForms, "testform") })
+	t.Cleanup(func() { unregisterCalibForm("testform") })
 	if code, _, stderr := runCLI("calib", "testform", "a", "--b"); code != 0 || strings.Join(got, " ") != "a --b" {
 		t.Fatalf("exit %d (%s), form got %q", code, stderr, got)
 	}
-	_, _, stderr := runCLI("calib", "-h")
-	if !strings.Contains(stderr, "carbd calib testform ARGS") || !strings.Contains(stderr, "--fields FILE.jsonl") {
-		t.Errorf("usage does not list the forms:\n%s", stderr)
+	_, stdout, _ := runCLI("calib", "-h")
+	if !strings.Contains(stdout, "testform") || !strings.Contains(stdout, "--fields FILE.jsonl") {
+		t.Errorf("usage does not list the forms:\n%s", stdout)
 	}
 	defer func() {
 		if recover() == nil {

@@ -16,6 +16,9 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
 	res, err := demo.Run(ctx, demo.Options{Out: e.stdout, Keep: *keep})
 	if err != nil {
 		return err

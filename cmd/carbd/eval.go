@@ -16,19 +16,13 @@ import (
 )
 
 func init() {
-	register(&command{name: "eval", summary: "evaluate the engine on recorded agent runs (eval agentdojo)", run: runEval})
+	register(&command{name: "eval", summary: "evaluate the engine on recorded agent runs (eval agentdojo)",
+		forms: []form{{"agentdojo", "calibrate and test on splits of recorded AgentDojo runs: attack success, utility, effects released, per-role budgets, against baselines"}}, run: runEval})
 }
 
 const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--delta 0.05] [--score ngram] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
 
 func runEval(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintf(e.stderr, "usage: carbd eval agentdojo %s\n", evalAgentDojoSynopsis)
-		if len(args) == 0 {
-			return fmt.Errorf("%w: want a form (agentdojo)", errUsage)
-		}
-		return nil
-	}
 	if args[0] != "agentdojo" {
 		return fmt.Errorf("%w: unknown form %q (want agentdojo)", errUsage, args[0])
 	}
@@ -137,9 +131,8 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := noArgs(fs); err != nil {
+		return err
 	}
 	if *splits < 1 {
 		return fmt.Errorf("%w: --splits %d", errUsage, *splits)

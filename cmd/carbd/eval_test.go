@@ -236,7 +236,7 @@ func TestEvalAgentDojoBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"eval"}, 2, "want a form"},
+		{[]string{"eval"}, 2, "a subcommand is required (agentdojo)"},
 		{[]string{"eval", "webarena"}, 2, `unknown form "webarena"`},
 		{[]string{"eval", "agentdojo"}, 2, "--runs is required"},
 		{[]string{"eval", "agentdojo", "--runs", dir, "--alpha", "tagret=0.01"}, 2, `"tagret"`},

@@ -15,8 +15,8 @@ import (
 func init() {
 	register(&command{name: "status", summary: "show running sandboxes, held effects, budgets and counters", run: runStatus})
 	register(&command{name: "held", summary: "list effects waiting for the operator", run: runHeld})
-	register(&command{name: "approve", summary: "release a held effect (operator oracle)", run: func(ctx context.Context, e *env, a []string) error { return runAnswer(e, a, true) }})
-	register(&command{name: "deny", summary: "refuse a held effect (operator oracle)", run: func(ctx context.Context, e *env, a []string) error { return runAnswer(e, a, false) }})
+	register(&command{name: "approve", summary: "release a held effect (operator oracle)", run: func(_ context.Context, e *env, a []string) error { return runAnswer(e, a, true) }})
+	register(&command{name: "deny", summary: "refuse a held effect (operator oracle)", run: func(_ context.Context, e *env, a []string) error { return runAnswer(e, a, false) }})
 	register(&command{name: "audit", summary: "export a sandbox's traffic as pcapng with verdicts", run: runAudit})
 }
 
@@ -36,6 +36,9 @@ func runStatus(_ context.Context, e *env, args []string) error {
 	id := fs.String("sandbox", "", "only this sandbox")
 	stateDir := fs.String("state-dir", daemon.DefaultStateDir, "carbd's state `directory`")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	cs, err := clients(*stateDir, *id)
@@ -88,6 +91,9 @@ func runHeld(_ context.Context, e *env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
 	cs, err := clients(*stateDir, *id)
 	if err != nil {
 		return err
@@ -137,8 +143,7 @@ func runAnswer(e *env, args []string, release bool) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("%w: one effect id", errUsage)
+		return fmt.Errorf("%w: want one effect id, got %d arguments", errUsage, fs.NArg())
 	}
 	eid, err := strconv.ParseUint(fs.Arg(0), 10, 64)
 	if err != nil {
@@ -170,8 +175,10 @@ func runAudit(_ context.Context, e *env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
 	if *out == "" {
-		fs.Usage()
 		return fmt.Errorf("%w: --pcap is required", errUsage)
 	}
 	cs, err := clients(*stateDir, *id)

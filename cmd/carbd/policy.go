@@ -11,35 +11,18 @@ import (
 )
 
 func init() {
-	register(&command{name: "policy", summary: "check or show policy files (policy check FILE...)", run: runPolicy})
-}
-
-func policyUsage(w io.Writer) {
-	fmt.Fprintln(w, `usage: carbd policy SUBCOMMAND [ARGS]
-
-subcommands:
-  check FILE...   parse and validate policy files; print each one's summary,
-                  or every error located as FILE:LINE:COL: FIELD: MESSAGE
-  show FILE       print the policy as it compiled, in canonical form
-
-Exit status: 0 when every file is valid, 1 when one is not, 2 on usage errors.`)
+	register(&command{name: "policy", summary: "check or show policy files (policy check FILE...)", forms: []form{
+		{"check", "parse and validate policy files: each one's summary, or every error as FILE:LINE:COL: FIELD: MESSAGE (exit 1 when one is invalid)"},
+		{"show", "print the policy as it compiled, in canonical form"}}, run: runPolicy})
 }
 
 func runPolicy(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		policyUsage(e.stderr)
-		return fmt.Errorf("%w: missing subcommand (check or show)", errUsage)
-	}
 	switch args[0] {
 	case "check":
 		return runPolicyCheck(ctx, e, args[1:])
 	case "show":
 		return runPolicyShow(ctx, e, args[1:])
-	case "-h", "-help", "--help", "help":
-		policyUsage(e.stdout)
-		return nil
 	}
-	policyUsage(e.stderr)
 	return fmt.Errorf("%w: unknown subcommand %q (want check or show)", errUsage, args[0])
 }
 
@@ -73,7 +56,6 @@ func runPolicyCheck(_ context.Context, e *env, args []string) error {
 		return err
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
 		return fmt.Errorf("%w: no policy file given", errUsage)
 	}
 	bad := 0
@@ -104,7 +86,6 @@ func runPolicyShow(_ context.Context, e *env, args []string) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
 		return fmt.Errorf("%w: want exactly one policy file", errUsage)
 	}
 	pol, err := decide.LoadPolicy(fs.Arg(0))

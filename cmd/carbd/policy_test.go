@@ -81,11 +81,11 @@ func TestPolicyUsageErrors(t *testing.T) {
 		args []string
 		want string // on stderr
 	}{
-		{[]string{"policy"}, "carbd policy: usage: missing subcommand (check or show)"},
-		{[]string{"policy", "lint"}, `carbd policy: usage: unknown subcommand "lint" (want check or show)`},
-		{[]string{"policy", "check"}, "carbd policy: usage: no policy file given"},
-		{[]string{"policy", "check", "-x", examplePolicyPath}, "flag provided but not defined: -x"},
-		{[]string{"policy", "show"}, "carbd policy: usage: want exactly one policy file"},
+		{[]string{"policy"}, "carbd policy: a subcommand is required (check or show)\n"},
+		{[]string{"policy", "lint"}, `carbd policy: unknown subcommand "lint" (want check or show)`},
+		{[]string{"policy", "check"}, "carbd policy check: no policy file given\nRun 'carbd policy check --help'"},
+		{[]string{"policy", "check", "-x", examplePolicyPath}, "carbd policy check: flag provided but not defined: -x"},
+		{[]string{"policy", "show"}, "carbd policy show: want exactly one policy file"},
 	} {
 		code, out, errs := runPolicyCLI(t, tt.args...)
 		if code != 2 || out != "" || !strings.Contains(errs, tt.want) {

@@ -30,8 +30,10 @@ func runReplay(ctx context.Context, e *env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *policyPath == "" || *tracePath == "" || fs.NArg() > 0 {
-		fs.Usage()
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	if *policyPath == "" || *tracePath == "" {
 		return fmt.Errorf("%w: --policy and --trace are required", errUsage)
 	}
 	p, err := decide.LoadPolicy(*policyPath)
