@@ -10,8 +10,9 @@
 // a to a later node b when a value a brought in (read, or carried out)
 // appears in b: values are the normalised strings match.Extract finds, at
 // least MinValueLen bytes long so that common words do not link
-// everything. A private source -> carrier -> external sink chain is a path
-// from a node that read a private source to the proposal being scored.
+// everything. A private source -> carrier -> sink chain is a path from a
+// node that read a private source to the proposal being scored; the sink
+// is a risky action (Node.Risky: external, financial or irreversible).
 //
 // # Requirements
 //
@@ -37,6 +38,13 @@ type Node struct {
 	Message      bool // a message or social action
 	Proposal     bool // an outgoing effect (a proposal the gate scores)
 }
+
+// Risky reports whether the node is a risky current action in Table 1's
+// sense: external, financial or irreversible. Only a risky proposal's
+// retained source-to-sink path activates the provenance feature: a
+// private value reaching a payment or a deletion is as much a
+// consequence as one reaching an external party.
+func (n Node) Risky() bool { return n.Sink || n.Financial || n.Irreversible }
 
 // Graph is the dependency graph of one episode. The zero value is empty
 // and ready to use. It is not safe for concurrent use.
@@ -160,7 +168,7 @@ func (Dependency) Select(g *Graph, i int) ([]int, bool) {
 		ev = append(ev, int(x))
 	}
 	slices.Sort(ev)
-	return ev, g.nodes[i].Sink
+	return ev, g.nodes[i].Risky()
 }
 
 // ancestors returns every node node i transitively depends on.
@@ -194,7 +202,7 @@ func (FullPrefix) Select(g *Graph, i int) ([]int, bool) {
 	for k := range ev {
 		ev[k] = k
 	}
-	return ev, g.nodes[i].Sink && anyPrivate(g, ev)
+	return ev, g.nodes[i].Risky() && anyPrivate(g, ev)
 }
 
 // Window is the fixed-window baseline: the last N records.
@@ -208,7 +216,7 @@ func (w Window) Select(g *Graph, i int) ([]int, bool) {
 	for k := lo; k < i; k++ {
 		ev = append(ev, k)
 	}
-	return ev, g.nodes[i].Sink && anyPrivate(g, ev)
+	return ev, g.nodes[i].Risky() && anyPrivate(g, ev)
 }
 
 // Current scores the proposal alone (ledger-current, and the executed-step
@@ -232,7 +240,7 @@ func (r Random) Select(g *Graph, i int) ([]int, bool) {
 	}
 	perm := r.Rng.Perm(i)[:k]
 	slices.Sort(perm)
-	return perm, g.nodes[i].Sink && anyPrivate(g, perm)
+	return perm, g.nodes[i].Risky() && anyPrivate(g, perm)
 }
 
 func anyPrivate(g *Graph, ev []int) bool {
@@ -267,7 +275,8 @@ type Weights struct {
 // current private source .09, current external sink .25, current
 // financial action .35, current irreversible action .24, current
 // message/social action .12, and .52 when a retained source-to-sink path
-// exists; the sum is clipped to [0, 1].
+// exists (the selectors report one only for a risky proposal, Node.Risky);
+// the sum is clipped to [0, 1].
 var Table1 = Weights{Intercept: .05, Private: .09, Sink: .25, Financial: .35, Irreversible: .24, Message: .12, Path: .52}
 
 // Score is the gate score of a proposal n given whether its evidence

@@ -91,3 +91,41 @@ func BenchmarkDependencySelect(b *testing.B) {
 		Dependency{}.Select(g, 199)
 	}
 }
+
+// Table 1: "A risky current action is external, financial, or
+// irreversible", and only a retained source-to-sink path activates the
+// .52 feature: a private value reaching a payment or a deletion that is
+// not an external effect counts, a message to an internal party does not.
+func TestProvenanceFeatureOnRiskyActions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		n    Node
+		path bool
+	}{
+		{"external", Node{Proposal: true, Sink: true}, true},
+		{"financial", Node{Proposal: true, Financial: true}, true},
+		{"irreversible", Node{Proposal: true, Irreversible: true}, true},
+		{"internal message", Node{Proposal: true, Message: true}, false},
+		{"internal write", Node{Proposal: true}, false},
+	} {
+		g := &Graph{}
+		g.Add(Node{Private: true}, "balance statement IBAN DE89370400440532013000")
+		i := g.Add(tc.n, "pay to DE89370400440532013000")
+		for _, sel := range []Selector{Dependency{}, FullPrefix{}, Window{N: 4}, Random{Rng: rand.New(rand.NewPCG(1, 1))}} {
+			if _, path := sel.Select(g, i); path != tc.path {
+				t.Errorf("%s, %s: path %v, want %v", tc.name, sel.Name(), path, tc.path)
+			}
+		}
+		ev, path := Dependency{}.Select(g, i)
+		if len(ev) != 1 {
+			t.Errorf("%s: evidence %v, want the private read", tc.name, ev)
+		}
+		want := Table1.Score(tc.n, false)
+		if tc.path {
+			want = min(1, want+Table1.Path)
+		}
+		if got := Table1.Score(tc.n, path); math.Abs(got-want) > 1e-12 {
+			t.Errorf("%s: score %v, want %v", tc.name, got, want)
+		}
+	}
+}
