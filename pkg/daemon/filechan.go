@@ -46,6 +46,7 @@ type fileChannel struct {
 	committed    []string
 	aborted      []string
 	refusals     []string
+	refusedSeen  map[string]bool     // the refusals already in refusals (a staged change is refused again at every commit point)
 	conflicts    []staging.Conflict  // in the order found
 	conflicted   map[string][32]byte // path -> digest of the staged change found in conflict
 	events       uint64
@@ -62,7 +63,7 @@ type pathState struct {
 }
 
 func openFileChannel(d *daemon) (*fileChannel, error) {
-	fc := &fileChannel{d: d, paths: map[string]*pathState{}, conflicted: map[string][32]byte{}}
+	fc := &fileChannel{d: d, paths: map[string]*pathState{}, conflicted: map[string][32]byte{}, refusedSeen: map[string]bool{}}
 	fc.merged = filepath.Join(d.dir, "merged")
 	if within(d.cfg.WorkStateDir, DefaultWorkStateRoot) {
 		// Searchable by W's owner, who takes the agent's versions of
@@ -415,9 +416,10 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 		for _, c := range commit {
 			if lb, ok := fc.d.engine.LocationLabel(c.Path); ok {
 				if err := fc.st.Stage(c.Path, lb); err != nil {
-					fc.d.log.Error("persist the label of a staged change: not committed", "path", c.Path, "err", err)
 					fc.mu.Lock()
-					fc.refusals = append(fc.refusals, fmt.Sprintf("%s %q: label not persisted: %v", c.Op, c.Path, err))
+					if fc.refuseLocked(fmt.Sprintf("%s %q: label not persisted: %v", c.Op, c.Path, err)) {
+						fc.d.log.Error("persist the label of a staged change: not committed", "path", c.Path, "err", err)
+					}
 					fc.mu.Unlock()
 					continue
 				}
@@ -480,7 +482,7 @@ func (fc *fileChannel) finish(changes []staging.Change, res *staging.Result, err
 	refused := map[string]bool{}
 	for _, r := range res.Refused {
 		refused[r.Path] = true
-		fc.refusals = append(fc.refusals, r.String())
+		fc.refuseLocked(r.String())
 	}
 	digests := make(map[string][32]byte, len(changes))
 	for _, c := range changes {
@@ -503,6 +505,17 @@ func (fc *fileChannel) finish(changes []staging.Change, res *staging.Result, err
 			fc.aborts++
 		}
 	}
+}
+
+// refuseLocked records a staging refusal once; it reports whether it is
+// new.
+func (fc *fileChannel) refuseLocked(r string) bool {
+	if fc.refusedSeen[r] {
+		return false
+	}
+	fc.refusedSeen[r] = true
+	fc.refusals = append(fc.refusals, r)
+	return true
 }
 
 // conflictLocked records a conflict (once per staged version of its

@@ -261,3 +261,59 @@ sleep 600
 		t.Errorf("the next run saw %q, want the user's version", got)
 	}
 }
+
+// A label that cannot be persisted refuses the commit of its write (fail
+// closed) and is reported: in W without its label, a later read would
+// launder what the agent had read. The state's pending-label log is made
+// immutable (chattr +i) while carbd holds it open, so appending to it
+// fails.
+func TestLabelPersistFailureRefusesCommit(t *testing.T) {
+	testutil.RequireTool(t, "chattr")
+	work := secretWorkdir(t)
+	state := filepath.Join(t.TempDir(), "w-state")
+	pending := filepath.Join(state, "pending")
+	t.Cleanup(func() { _ = exec.Command("chattr", "-i", pending).Run() })
+	p, err := decide.ParsePolicy("e2e.yaml", []byte(e2ePolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, stateDir := testutil.UniqueName("e"), t.TempDir()
+	agent := filepath.Join(stateDir, "sandboxes", id, "agent")
+	var out syncBuffer
+	type result struct {
+		sum *Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		sum, err := Run(ctx, Config{ID: id, StateDir: stateDir, WorkStateDir: state, Policy: p, Workdir: work,
+			Argv: []string{"/bin/sh", "-c", agentPrelude + `wait_for go; cat certs/service.pem > copy.txt; sleep 2`},
+			UID:  sandboxUID, GID: sandboxUID, Stdout: &out, Stderr: &out})
+		done <- result{sum, err}
+	}()
+	waitFor(t, 30*time.Second, "the run to start", &out, func() bool {
+		_, err1 := os.Stat(agent)
+		_, err2 := os.Stat(pending)
+		return err1 == nil && err2 == nil
+	})
+	testutil.Run(t, "chattr", "+i", pending)
+	if err := os.WriteFile(filepath.Join(agent, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("run: %v\n%s", r.err, out.String())
+	}
+	if _, err := os.Stat(filepath.Join(work, "copy.txt")); err == nil {
+		t.Errorf("copy.txt was committed although its label could not be persisted\n%s", out.String())
+	}
+	reported := false
+	for _, f := range r.sum.FileRefusals {
+		reported = reported || (strings.Contains(f, "copy.txt") && strings.Contains(f, "label not persisted"))
+	}
+	if !reported {
+		t.Errorf("the refused commit is not reported: %q\n%s", r.sum.FileRefusals, out.String())
+	}
+}
