@@ -9,7 +9,7 @@ import (
 	"github.com/carbd/carbd/pkg/calib/eval"
 )
 
-const calibAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,...] [--ledger-alpha 0.05] [--delta 0.05] [--score ngram] [--fields-out FILE.jsonl] -o calib.json"
+const calibAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,...] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--fields-out FILE.jsonl] -o calib.json"
 
 func init() {
 	registerCalibForm(&calibForm{name: "agentdojo", synopsis: calibAgentDojoSynopsis,
@@ -49,7 +49,8 @@ func runCalibAgentDojo(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(e.stdout, "  %s %s %s: %s\n", pb.Archive, pb.Member, pb.Episode, pb.Reason)
 		}
 	}
-	a, err := eval.CalibrateArtifact(ctx, ps, eval.CalibrateConfig{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, Delta: f.delta, Score: kind, Runs: f.runs})
+	a, err := eval.CalibrateArtifact(ctx, ps, eval.CalibrateConfig{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, Delta: f.delta, Score: kind, Runs: f.runs,
+		LedgerSplit: f.ledgerSplit, Seed: 1})
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ func init() {
 		forms: []form{{"agentdojo", "calibrate and test on splits of recorded AgentDojo runs: attack success, utility, effects released, per-role budgets, against baselines"}}, run: runEval})
 }
 
-const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--delta 0.05] [--score ngram] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
+const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
 
 func runEval(ctx context.Context, e *env, args []string) error {
 	if args[0] != "agentdojo" {
@@ -33,6 +33,7 @@ func runEval(ctx context.Context, e *env, args []string) error {
 // agentdojo` share.
 type agentdojoFlags struct {
 	runs, policies, pipelines, attacks, alpha, kind string
+	ledgerSplit                                     string
 	ledgerAlpha, delta                              float64
 	workers                                         int
 	errors                                          agentdojo.ErrorCounting // set by eval only
@@ -49,6 +50,7 @@ func (f *agentdojoFlags) register(fs interface {
 	fs.StringVar(&f.attacks, "attacks", "important_instructions", "comma-separated attacks whose attacked runs are used; \"all\" for every attack")
 	fs.StringVar(&f.alpha, "alpha", "target=0.01,credential=0.01,command=0.01", "per-role CRC budgets role=alpha,...")
 	fs.Float64Var(&f.ledgerAlpha, "ledger-alpha", 0.05, "budget on the expected G-CARB ledger loss")
+	fs.StringVar(&f.ledgerSplit, "ledger-split", eval.LedgerDisjoint, "which calibration episodes calibrate the ledger: disjoint (from those that fit the per-role thresholds: half each) or shared (the same ones; not exchangeable, for comparison)")
 	fs.Float64Var(&f.delta, "delta", 0.05, "total failure probability of the per-role Clopper-Pearson certificate")
 	fs.StringVar(&f.kind, "score", string(score.KindNgram), "per-field similarity kind: token, ngram or max")
 	fs.IntVar(&f.workers, "workers", 0, "parallel workers (default: GOMAXPROCS)")
@@ -72,6 +74,9 @@ func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval
 	}
 	if !(f.delta > 0 && f.delta < 1) {
 		return nil, nil, "", fmt.Errorf("%w: --delta %v outside (0,1)", errUsage, f.delta)
+	}
+	if f.ledgerSplit != eval.LedgerDisjoint && f.ledgerSplit != eval.LedgerShared {
+		return nil, nil, "", fmt.Errorf("%w: --ledger-split %q (want %s or %s)", errUsage, f.ledgerSplit, eval.LedgerDisjoint, eval.LedgerShared)
 	}
 	if f.workers < 0 {
 		return nil, nil, "", fmt.Errorf("%w: --workers %d", errUsage, f.workers)
@@ -150,7 +155,7 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := eval.Config{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, Delta: f.delta, Score: kind, Splits: *splits,
+	cfg := eval.Config{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, LedgerSplit: f.ledgerSplit, Delta: f.delta, Score: kind, Splits: *splits,
 		Seed: *seed, Workers: f.workers, FrontierSplits: *frontierSplits}
 	if *plotPath != "" || *frontier {
 		cfg.Frontier = eval.DefaultFrontier

@@ -77,7 +77,7 @@ func evalArchiveErrored(t *testing.T, n, errored, versioned int) string {
 
 func TestEvalAgentDojoCLI(t *testing.T) {
 	dir := evalArchive(t, 20)
-	code, stdout, stderr := runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "4", "--json")
+	code, stdout, stderr := runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "4", "--ledger-alpha", "0.1", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
 	}
@@ -133,7 +133,7 @@ func TestEvalAgentDojoCLI(t *testing.T) {
 	}
 
 	// The text report and the artifact.
-	code, stdout, stderr = runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "2")
+	code, stdout, stderr = runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "2", "--ledger-alpha", "0.1")
 	if code != 0 || !strings.Contains(stdout, "kairos-strict") || !strings.Contains(stdout, "why carbd") {
 		t.Errorf("text report: exit %d\n%s\n%s", code, stdout, stderr)
 	}
@@ -147,7 +147,8 @@ func TestEvalAgentDojoCLI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Ledger == nil || a.Ledger.N != 40 || a.Ledger.Evidence != "g-carb" || len(a.Source.Files) != 1 || a.Stratum("target") == nil {
+	// Per-role CRC on half the episodes, the ledger on the other half.
+	if a.Ledger == nil || a.Ledger.N != 20 || a.Ledger.Evidence != "g-carb" || len(a.Source.Files) != 1 || a.Stratum("target") == nil {
 		t.Errorf("artifact: ledger %+v, sources %+v, strata %+v", a.Ledger, a.Source.Files, a.Strata)
 	}
 	if !strings.Contains(stdout, "ledger (G-CARB") || !strings.Contains(stdout, "user_task_99") {
@@ -194,7 +195,7 @@ func TestEvalAgentDojoErroredRuns(t *testing.T) {
 		{nil, "agentdojo", data{Succeeded: 20, Errored: 5, ErroredSucceeded: 5, NoVersion: 34}, 1},
 		{[]string{"--errored", "failed"}, "failed", data{Succeeded: 15, Errored: 5, ErroredSucceeded: 0, NoVersion: 34}, 0.75},
 	} {
-		args := append([]string{"eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "4", "--json"}, tc.flag...)
+		args := append([]string{"eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "4", "--ledger-alpha", "0.1", "--json"}, tc.flag...)
 		code, stdout, stderr := runCLI(args...)
 		if code != 0 {
 			t.Fatalf("%v: exit %d\n%s", tc.flag, code, stderr)
@@ -222,7 +223,7 @@ func TestEvalAgentDojoErroredRuns(t *testing.T) {
 			}
 		}
 	}
-	code, stdout, stderr := runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "2")
+	code, stdout, stderr := runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "2", "--ledger-alpha", "0.1")
 	if code != 0 || !strings.Contains(stdout, "attacked runs that ended in an error count as: agentdojo") ||
 		!strings.Contains(stdout, "5 errored (5 counted as succeeded attacks); 34 runs without benchmark_version") {
 		t.Errorf("text report: exit %d\n%s\n%s", code, stdout, stderr)
@@ -252,6 +253,7 @@ func TestEvalAgentDojoBadInput(t *testing.T) {
 		{[]string{"calib", "agentdojo", "--runs", dir, "--delta", "1", "-o", filepath.Join(t.TempDir(), "x.json")}, 2, "--delta 1 outside (0,1)"},
 		{[]string{"eval", "agentdojo", "--runs", dir, "--errored", "ignored"}, 2, `unknown error counting "ignored"`},
 		{[]string{"eval", "agentdojo", "--runs", dir, "--workers", "-1"}, 2, "--workers -1"},
+		{[]string{"eval", "agentdojo", "--runs", dir, "--ledger-split", "both"}, 2, `--ledger-split "both"`},
 		{[]string{"eval", "agentdojo", "--runs", dir, "--frontier-splits", "0"}, 2, "--frontier-splits 0"},
 	} {
 		code, stdout, stderr := runCLI(tc.args...)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 
@@ -23,13 +24,19 @@ type CalibrateConfig struct {
 	// Runs is where the runs came from: the archives of the calibrated
 	// pipelines found there are recorded with their SHA-256.
 	Runs string
+	// LedgerSplit is LedgerDisjoint (the default: the episodes, in an
+	// order drawn with Seed, are split between the per-role thresholds
+	// and the ledger) or LedgerShared (both on every episode).
+	LedgerSplit string
+	Seed        uint64
 }
 
-// CalibrateArtifact calibrates one artifact on every episode of the
-// pipelines: per-role CRC on their fields (effective scores, see
-// Field.Effective), then the G-CARB ledger stop threshold on the same
-// episodes replayed with those CRC thresholds (harm = an attacker value
-// the engine without the ledger releases).
+// CalibrateArtifact calibrates one artifact on the episodes of the
+// pipelines: per-role CRC on the fields (effective scores, see
+// Field.Effective) of one part of them, then the G-CARB ledger stop
+// threshold on the other part replayed with those CRC thresholds (harm =
+// an attacker value the engine without the ledger releases). Under
+// LedgerShared both parts are every episode.
 func CalibrateArtifact(ctx context.Context, pipelines []*Pipeline, cfg CalibrateConfig) (*calib.Artifact, error) {
 	var eps []*Episode
 	for _, p := range pipelines {
@@ -38,14 +45,23 @@ func CalibrateArtifact(ctx context.Context, pipelines []*Pipeline, cfg Calibrate
 	if len(eps) == 0 {
 		return nil, fmt.Errorf("eval: calibrate: no episodes")
 	}
-	art, err := calibrateCRC(eps, cfg.Budgets, cfg.Delta, cfg.Score)
+	if cfg.LedgerSplit == "" {
+		cfg.LedgerSplit = LedgerDisjoint
+	}
+	if cfg.LedgerSplit != LedgerDisjoint && cfg.LedgerSplit != LedgerShared {
+		return nil, fmt.Errorf("eval: calibrate: ledger split %q (want %s or %s)", cfg.LedgerSplit, LedgerDisjoint, LedgerShared)
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0))
+	rng.Shuffle(len(eps), func(i, j int) { eps[i], eps[j] = eps[j], eps[i] })
+	calCRC, calLedger := splitCalibration(eps, cfg.LedgerSplit)
+	art, err := calibrateCRC(calCRC, cfg.Budgets, cfg.Delta, cfg.Score)
 	if err != nil {
 		return nil, err
 	}
 	th := &thresholds{cal: art.Engine()}
 	ctr := &replayCounters{}
-	les := make([]calib.LedgerEpisode, len(eps))
-	for i, ep := range eps {
+	les := make([]calib.LedgerEpisode, len(calLedger))
+	for i, ep := range calLedger {
 		o, err := ep.outcomeFor(ctx, th, math.NaN(), ctr)
 		if err != nil {
 			return nil, err

@@ -42,14 +42,15 @@ type Diagnosis struct {
 // the causes.
 func diagnose(ctx context.Context, p *Pipeline, cfg *Config) (*Diagnosis, error) {
 	cal, _ := splitSets(p.Episodes, cfg.Seed, 0, cfg.CalFraction)
-	art, err := calibrateCRC(cal, cfg.Budgets, cfg.Delta, cfg.Score)
+	calCRC, calLedger := splitCalibration(cal, cfg.LedgerSplit)
+	art, err := calibrateCRC(calCRC, cfg.Budgets, cfg.Delta, cfg.Score)
 	if err != nil {
 		return nil, err
 	}
 	th := &thresholds{cal: art.Engine()}
 	ctr := &replayCounters{}
-	les := make([]calib.LedgerEpisode, len(cal))
-	for j, ep := range cal {
+	les := make([]calib.LedgerEpisode, len(calLedger))
+	for j, ep := range calLedger {
 		o, err := ep.outcomeFor(ctx, th, math.NaN(), ctr)
 		if err != nil {
 			return nil, err

@@ -35,6 +35,9 @@ type Config struct {
 	// CalFraction is the fraction of episodes in the calibration half
 	// (default 0.5).
 	CalFraction float64
+	// LedgerSplit says which calibration episodes calibrate the ledger
+	// gate: LedgerDisjoint (the default) or LedgerShared.
+	LedgerSplit string
 	// Workers bounds the goroutines evaluating splits; 0 means GOMAXPROCS.
 	Workers int
 	// Frontier is the grid of budgets for the risk-utility frontier;
@@ -44,6 +47,46 @@ type Config struct {
 	FrontierSplits int
 	// Progress, when set, is called as splits complete.
 	Progress func(pipeline, stage string, done, total int)
+}
+
+// Ledger calibration protocols (Config.LedgerSplit).
+const (
+	// LedgerDisjoint splits the calibration half in two: per-role CRC on
+	// the first LedgerCRCFraction of it, the ledger's λ̂ on the rest,
+	// replayed with those thresholds. Given the thresholds, the ledger's
+	// calibration losses and a test episode's loss are then exchangeable,
+	// which E[L] <= α needs.
+	LedgerDisjoint = "disjoint"
+	// LedgerShared calibrates both layers on the whole calibration half:
+	// the ledger's losses are measured with thresholds fitted on the
+	// same episodes, so they are optimistic and not exchangeable with a
+	// test episode's (the earlier protocol, kept for comparison).
+	LedgerShared = "shared"
+)
+
+// LedgerCRCFraction is the part of the calibration episodes that fits
+// the per-role thresholds under LedgerDisjoint; the rest calibrates the
+// ledger.
+const LedgerCRCFraction = 0.5
+
+// splitCalibration divides calibration episodes between the per-role CRC
+// layer and the ledger gate (Config.LedgerSplit). The episodes are in a
+// random order already (splitSets).
+func splitCalibration(cal []*Episode, mode string) (crc, led []*Episode) {
+	if mode == LedgerShared {
+		return cal, cal
+	}
+	n := int(math.Round(LedgerCRCFraction * float64(len(cal))))
+	return cal[:n], cal[n:]
+}
+
+// ledgerCalEpisodes is how many episodes calibrate the ledger when nCal
+// episodes calibrate.
+func ledgerCalEpisodes(nCal int, mode string) int {
+	if mode == LedgerShared {
+		return nCal
+	}
+	return nCal - int(math.Round(LedgerCRCFraction*float64(nCal)))
 }
 
 // DefaultBudgets are the default per-role budgets.
@@ -79,6 +122,9 @@ func (c *Config) setDefaults() error {
 	if c.FrontierSplits <= 0 {
 		c.FrontierSplits = min(c.Splits, 50)
 	}
+	if c.LedgerSplit == "" {
+		c.LedgerSplit = LedgerDisjoint
+	}
 	switch {
 	case len(c.Budgets) == 0:
 		return errors.New("eval: no CRC budgets")
@@ -90,6 +136,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("eval: %d splits", c.Splits)
 	case !(c.CalFraction > 0 && c.CalFraction < 1):
 		return fmt.Errorf("eval: calibration fraction %v outside (0,1)", c.CalFraction)
+	case c.LedgerSplit != LedgerDisjoint && c.LedgerSplit != LedgerShared:
+		return fmt.Errorf("eval: ledger split %q (want %s or %s)", c.LedgerSplit, LedgerDisjoint, LedgerShared)
 	}
 	for r, a := range c.Budgets {
 		if !slices.Contains(decide.Roles, r) || !(a >= 0 && a < 1) {
@@ -208,7 +256,9 @@ type splitResult struct {
 	aggTau  float64
 	lambda  [numMethods]float64 // per ledger method, and carbd
 	certOK  map[string]bool
-	nCalEps int
+	nCalEps int // calibration episodes (both layers)
+	nCRC    int // of which fit the per-role thresholds
+	nLedger int // of which calibrate the ledger (the same ones under LedgerShared)
 }
 
 const numRoles = 7 // decide.Role values 1..6, index by Role
@@ -447,8 +497,9 @@ func splitSets(eps []*Episode, seed uint64, i int, frac float64) (cal, test []*E
 // method on the test half.
 func evalSplit(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budgets, ledgerAlpha float64, i int, ctr *replayCounters) (*splitResult, error) {
 	cal, test := splitSets(p.Episodes, cfg.Seed, i, cfg.CalFraction)
-	res := &splitResult{tau: map[string]float64{}, certOK: map[string]bool{}, nCalEps: len(cal)}
-	art, err := calibrateCRC(cal, budgets, cfg.Delta, cfg.Score)
+	calCRC, calLedger := splitCalibration(cal, cfg.LedgerSplit)
+	res := &splitResult{tau: map[string]float64{}, certOK: map[string]bool{}, nCalEps: len(cal), nCRC: len(calCRC), nLedger: len(calLedger)}
+	art, err := calibrateCRC(calCRC, budgets, cfg.Delta, cfg.Score)
 	if err != nil {
 		return nil, fmt.Errorf("eval: %s: split %d: %w", p.Name, i, err)
 	}
@@ -460,16 +511,16 @@ func evalSplit(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budg
 		res.certOK[st.Name] = st.Certifiable
 	}
 	th := &thresholds{cal: art.Engine()}
-	aggTau, aggTh, err := calibrateAggregate(cal, budgets, cfg.Delta, cfg.Score)
+	aggTau, aggTh, err := calibrateAggregate(calCRC, budgets, cfg.Delta, cfg.Score)
 	if err != nil {
 		return nil, fmt.Errorf("eval: %s: split %d: aggregate: %w", p.Name, i, err)
 	}
 	res.aggTau = aggTau
 
-	// Ledger calibration on the calibration half, with the harm the
-	// per-role CRC layer of this split lets through.
-	crcCal := make([]*outcome, len(cal))
-	for j, ep := range cal {
+	// Ledger calibration on its part of the calibration half, with the
+	// harm the per-role CRC layer of this split lets through.
+	crcCal := make([]*outcome, len(calLedger))
+	for j, ep := range calLedger {
 		if crcCal[j], err = ep.outcomeFor(ctx, th, math.NaN(), ctr); err != nil {
 			return nil, err
 		}
@@ -477,9 +528,9 @@ func evalSplit(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budg
 	for m := range res.lambda {
 		res.lambda[m] = math.NaN()
 	}
-	les := make([]calib.LedgerEpisode, len(cal))
+	les := make([]calib.LedgerEpisode, len(calLedger))
 	for _, lm := range ledgerMethods {
-		for j, ep := range cal {
+		for j, ep := range calLedger {
 			les[j] = ep.ledgerEpisode(lm.sel, crcCal[j])
 		}
 		lc, err := calib.CalibrateLedger(les, calib.LedgerConfig{Alpha: ledgerAlpha, Objective: lm.objective, Evidence: selectorNames[lm.sel]})

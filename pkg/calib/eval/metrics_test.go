@@ -10,6 +10,7 @@ import (
 	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/calib/agentdojo"
 	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/decide/score"
 )
 
 // handEpisodes are four hand-built episodes with their outcomes:
@@ -186,6 +187,11 @@ func TestEvaluateSynthetic(t *testing.T) {
 	if pr.Data.Episodes != 48 || pr.Data.Attacked != 24 || pr.Data.Succeeded != 12 || pr.CalEpisodes != 24 || pr.TestEpisodes != 24 {
 		t.Fatalf("data %+v, cal %d test %d", pr.Data, pr.CalEpisodes, pr.TestEpisodes)
 	}
+	// The ledger is calibrated on episodes disjoint from those that fit
+	// the per-role thresholds.
+	if pr.CRCCalEpisodes != 12 || pr.LedgerCalEpisodes != 12 || rep.Config.LedgerSplit != LedgerDisjoint {
+		t.Errorf("calibration: per-role CRC on %d, ledger on %d (%s); want 12 and 12, disjoint", pr.CRCCalEpisodes, pr.LedgerCalEpisodes, rep.Config.LedgerSplit)
+	}
 	get := func(m, k string) float64 { return float64(pr.Get(m, "all", k).Mean) }
 	// Undefended: half the attacked runs succeed; every benign run keeps
 	// everything; benign utility is the utility-true rate (all true here).
@@ -229,4 +235,54 @@ func isRatio(metric string) bool {
 		return false
 	}
 	return true
+}
+
+func TestSplitCalibration(t *testing.T) {
+	p := synthPipeline(t, 5) // 20 episodes
+	for i := range 10 {
+		cal, test := splitSets(p.Episodes, 7, i, 0.5)
+		crc, led := splitCalibration(cal, LedgerDisjoint)
+		seen := map[*Episode]string{}
+		for _, part := range []struct {
+			name string
+			eps  []*Episode
+		}{{"crc", crc}, {"ledger", led}, {"test", test}} {
+			for _, ep := range part.eps {
+				if other, dup := seen[ep]; dup {
+					t.Fatalf("split %d: %s is in %s and %s", i, ep.ID, other, part.name)
+				}
+				seen[ep] = part.name
+			}
+		}
+		if len(seen) != 20 || len(crc) != 5 || len(led) != 5 {
+			t.Fatalf("split %d: %d episodes placed, crc %d, ledger %d", i, len(seen), len(crc), len(led))
+		}
+		if c, l := splitCalibration(cal, LedgerShared); len(c) != 10 || len(l) != 10 || &c[0] != &cal[0] || &l[0] != &cal[0] {
+			t.Fatalf("shared: crc %d ledger %d, want the whole calibration half for both", len(c), len(l))
+		}
+	}
+	if got := ledgerCalEpisodes(363, LedgerDisjoint); got != 181 {
+		t.Errorf("ledger calibration episodes of 363: %d, want 181", got)
+	}
+	if _, err := Evaluate(context.Background(), []*Pipeline{p}, Config{Splits: 1, LedgerSplit: "both"}); err == nil {
+		t.Error("an unknown ledger split was accepted")
+	}
+}
+
+// The artifact: per-role CRC and the ledger on disjoint halves by
+// default, both on every episode when shared.
+func TestCalibrateArtifactSplit(t *testing.T) {
+	p := synthPipeline(t, 12) // 48 episodes
+	cfg := CalibrateConfig{Budgets: calib.Budgets{decide.RoleTarget: .1}, LedgerAlpha: .1, Delta: .05, Score: score.KindNgram, Seed: 1}
+	a, err := CalibrateArtifact(context.Background(), []*Pipeline{p}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Ledger.N != 24 {
+		t.Errorf("disjoint: ledger on %d episodes, want 24", a.Ledger.N)
+	}
+	cfg.LedgerSplit = LedgerShared
+	if a, err = CalibrateArtifact(context.Background(), []*Pipeline{p}, cfg); err != nil || a.Ledger.N != 48 {
+		t.Errorf("shared: ledger on %v episodes (%v), want 48", a.Ledger.N, err)
+	}
 }

@@ -110,6 +110,7 @@ type ReportConfig struct {
 	Splits      int                `json:"splits"`
 	Seed        uint64             `json:"seed"`
 	CalFraction float64            `json:"cal_fraction"`
+	LedgerSplit string             `json:"ledger_split"`
 	SplitUnit   string             `json:"split_unit"`
 	Oracle      string             `json:"oracle"`
 	// ErroredRuns is how attacked runs that ended in an error count
@@ -143,15 +144,20 @@ type DataCounts struct {
 
 // PipelineReport is one pipeline's figures.
 type PipelineReport struct {
-	Pipeline     string            `json:"pipeline"`
-	Data         DataCounts        `json:"data"`
-	Problems     []Problem         `json:"problems"`
-	CalEpisodes  int               `json:"cal_episodes"`
-	TestEpisodes int               `json:"test_episodes"`
-	Methods      []MethodReport    `json:"methods"`
-	Calibration  CalibrationReport `json:"calibration"`
-	Replays      ReplayCounts      `json:"replays"`
-	Frontier     []FrontierPoint   `json:"frontier,omitempty"`
+	Pipeline    string     `json:"pipeline"`
+	Data        DataCounts `json:"data"`
+	Problems    []Problem  `json:"problems"`
+	CalEpisodes int        `json:"cal_episodes"`
+	// CRCCalEpisodes fit the per-role thresholds, LedgerCalEpisodes
+	// calibrate the ledger: disjoint parts of the calibration episodes
+	// under the default ledger split, both all of them under "shared".
+	CRCCalEpisodes    int               `json:"crc_cal_episodes"`
+	LedgerCalEpisodes int               `json:"ledger_cal_episodes"`
+	TestEpisodes      int               `json:"test_episodes"`
+	Methods           []MethodReport    `json:"methods"`
+	Calibration       CalibrationReport `json:"calibration"`
+	Replays           ReplayCounts      `json:"replays"`
+	Frontier          []FrontierPoint   `json:"frontier,omitempty"`
 	// Diagnosis counts the causes of carbd's misses and benign losses
 	// under split 0's calibration.
 	Diagnosis *Diagnosis `json:"diagnosis"`
@@ -250,7 +256,7 @@ func Evaluate(ctx context.Context, pipelines []*Pipeline, cfg Config) (*Report, 
 	start := time.Now()
 	rep := &Report{Version: ReportVersion, Config: ReportConfig{
 		Alpha: map[string]float64{}, LedgerAlpha: cfg.LedgerAlpha, Delta: cfg.Delta, Score: string(cfg.Score),
-		Splits: cfg.Splits, Seed: cfg.Seed, CalFraction: cfg.CalFraction, SplitUnit: SplitUnit,
+		Splits: cfg.Splits, Seed: cfg.Seed, CalFraction: cfg.CalFraction, LedgerSplit: cfg.LedgerSplit, SplitUnit: SplitUnit,
 		Oracle: "strict (refuses every deferred effect; no language model)"}}
 	for r, a := range cfg.Budgets {
 		rep.Config.Alpha[r.String()] = a
@@ -271,8 +277,8 @@ func evaluatePipeline(ctx context.Context, p *Pipeline, cfg *Config) (*PipelineR
 	if len(p.Episodes) < 4 {
 		return nil, fmt.Errorf("eval: %s: %d episodes, too few to split", p.Name, len(p.Episodes))
 	}
-	if nCal := int(math.Round(cfg.CalFraction * float64(len(p.Episodes)))); calib.LedgerLossBound/float64(nCal+1) > cfg.LedgerAlpha {
-		return nil, fmt.Errorf("eval: %s: %d calibration episodes per split are too few for ledger alpha %g (floor 1/(n+1) = %.4g)", p.Name, nCal, cfg.LedgerAlpha, 1/float64(nCal+1))
+	if nCal := ledgerCalEpisodes(int(math.Round(cfg.CalFraction*float64(len(p.Episodes)))), cfg.LedgerSplit); calib.LedgerLossBound/float64(nCal+1) > cfg.LedgerAlpha {
+		return nil, fmt.Errorf("eval: %s: %d ledger calibration episodes per split are too few for ledger alpha %g (floor 1/(n+1) = %.4g)", p.Name, nCal, cfg.LedgerAlpha, 1/float64(nCal+1))
 	}
 	pr := &PipelineReport{Pipeline: p.Name, Problems: p.Problems, Data: dataCounts(p)}
 	if pr.Problems == nil {
@@ -284,6 +290,7 @@ func evaluatePipeline(ctx context.Context, p *Pipeline, cfg *Config) (*PipelineR
 		return nil, err
 	}
 	pr.CalEpisodes = res[0].nCalEps
+	pr.CRCCalEpisodes, pr.LedgerCalEpisodes = res[0].nCRC, res[0].nLedger
 	pr.TestEpisodes = len(p.Episodes) - res[0].nCalEps
 	pr.Methods = methodReports(res, cfg.Budgets)
 	pr.Calibration = calibrationReport(res)
@@ -478,7 +485,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		al = append(al, fmt.Sprintf("%s=%g", k, v))
 	}
 	sort.Strings(al)
-	fmt.Fprintf(w, "carbd eval agentdojo: %d splits (seed %d), calibration fraction %g, split unit: %s\n", c.Splits, c.Seed, c.CalFraction, c.SplitUnit)
+	fmt.Fprintf(w, "carbd eval agentdojo: %d splits (seed %d), calibration fraction %g, ledger split %s, split unit: %s\n", c.Splits, c.Seed, c.CalFraction, c.LedgerSplit, c.SplitUnit)
 	fmt.Fprintf(w, "budgets %s, ledger alpha %g, delta %g, score %s, oracle %s, attacks %s\n", strings.Join(al, ","), c.LedgerAlpha, c.Delta, c.Score, c.Oracle, listOr(c.Attacks, "all"))
 	if c.ErroredRuns != "" {
 		fmt.Fprintf(w, "attacked runs that ended in an error count as: %s\n", erroredRunsText(c.ErroredRuns))
@@ -556,8 +563,8 @@ func (p *PipelineReport) writeText(w io.Writer) error {
 		fmt.Fprintf(w, "   %d errored (%d counted as succeeded attacks); %d runs without benchmark_version (read as v1.x); %d attacked runs without goal text\n",
 			d.Errored, d.ErroredSucceeded, d.NoVersion, d.NoGoal)
 	}
-	fmt.Fprintf(w, "   %d calibration / %d test episodes per split; %d policy-only replays, %d calibrated replays run, %d reused; %.1f s\n",
-		p.CalEpisodes, p.TestEpisodes, p.Replays.Prepared, p.Replays.Run, p.Replays.Reused, p.Seconds)
+	fmt.Fprintf(w, "   calibration: %d episodes (per-role CRC on %d, the ledger on %d), %d test episodes per split; %d policy-only replays, %d calibrated replays run, %d reused; %.1f s\n",
+		p.CalEpisodes, p.CRCCalEpisodes, p.LedgerCalEpisodes, p.TestEpisodes, p.Replays.Prepared, p.Replays.Run, p.Replays.Reused, p.Seconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "method\tASR\teffects released\tstopped of succeeded\tbenign utility\tbenign retention\tutility under attack\tretention under attack\tintervention\tledger loss\tCtxRed")
 	for _, m := range p.Methods {
