@@ -207,8 +207,8 @@ func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http.ClientC
 		w.Header().Add("Trailer", k)
 	}
 	w.WriteHeader(resp.StatusCode)
-	if fl, ok := w.(http.Flusher); ok {
-		fl.Flush() // the head goes now: a stream's first bytes may be long in coming
+	if fl, ok := w.(http.Flusher); ok && resp.ContentLength < 0 && resp.Body != http.NoBody {
+		fl.Flush() // a stream: its head goes now, its first bytes may be long in coming
 	}
 	streamBody(w, resp.Body, resp.ContentLength, func(seen []byte, wire int64, rerr error) {
 		c.observeH2(&req, resp, seen, wire, rerr)
@@ -249,8 +249,8 @@ func streamBody(w http.ResponseWriter, body io.Reader, length int64, done func(s
 				finish(werr)
 				return
 			}
-			if fl != nil {
-				fl.Flush()
+			if fl != nil && (length < 0 || n < length) {
+				fl.Flush() // the last bytes go with the end of the stream
 			}
 		}
 		if rerr == io.EOF {
