@@ -219,3 +219,49 @@ func BenchmarkOpenBase(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/file")
 }
+
+// BenchmarkNextRun measures what a new run costs at its start: the
+// finished run's layers discarded and a fresh base with its stamps built,
+// for a W of CARBD_BENCH_BASE_FILES files (default 20000).
+func BenchmarkNextRun(b *testing.B) {
+	testutil.RequireRoot(b)
+	n := 20000
+	if v := os.Getenv("CARBD_BENCH_BASE_FILES"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			b.Fatalf("CARBD_BENCH_BASE_FILES=%q: %v", v, err)
+		}
+	}
+	base := b.TempDir()
+	w := filepath.Join(base, "w")
+	must(b, os.Mkdir(w, 0o755))
+	for i := 0; i < n; i++ {
+		dir := filepath.Join(w, "d"+strconv.Itoa(i/1000))
+		if i%1000 == 0 {
+			must(b, os.Mkdir(dir, 0o755))
+		}
+		must(b, os.WriteFile(filepath.Join(dir, "f"+strconv.Itoa(i)), []byte("x"), 0o644))
+	}
+	cfg := Config{WorkDir: w, StateDir: filepath.Join(base, "state"), LayerDir: filepath.Join(base, "layers")}
+	st, err := Open(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	unix.Sync()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := st.Finish(context.Background(), nil); err != nil {
+			b.Fatal(err)
+		}
+		st.Close()
+		if st, err = Open(cfg); err != nil {
+			b.Fatal(err)
+		}
+		if !st.Fresh() {
+			b.Fatal("not a fresh base")
+		}
+	}
+	b.StopTimer()
+	st.Close()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/file")
+}

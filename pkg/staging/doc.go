@@ -64,6 +64,7 @@
 // injection (the commit and the recovery run in a re-executed test binary
 // that SIGKILLs itself at every journal step), and the hostile-input
 // cases, and a model-based test of many runs on one W with the user
-// editing it between and during runs (TestManyRunsUserEdits). Benchmarks: BenchmarkFileCycle, BenchmarkCommit, BenchmarkScan
+// editing it between and during runs (TestManyRunsUserEdits). Benchmarks
+// (also BenchmarkOpenBase and BenchmarkNextRun): BenchmarkFileCycle, BenchmarkCommit, BenchmarkScan
 // (CARBD_BENCH_SCAN_FILES sets the file count).
 package staging
