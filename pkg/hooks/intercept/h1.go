@@ -30,7 +30,20 @@ type h1Conn struct {
 	pendAt int64
 	queue  []h1Effect
 	eof    bool
+	// served counts the responses the current upstream connection
+	// carried; sent keeps the bytes of the request in flight (up to
+	// maxRetryBytes; keep says they are all there) so that it can be
+	// sent again on a new connection when the server closed the kept
+	// alive one before answering; upDead, upErr: a write upstream failed.
+	served int
+	sent   []byte
+	keep   bool
+	upDead bool
+	upErr  error
 }
+
+// maxRetryBytes bounds the request kept for a retry on a new connection.
+const maxRetryBytes = 1 << 20
 
 func (c *conn) serveH1(ctx context.Context) error {
 	fr, err := newH1Framer(c.client, c.dst, c.p.cfg.MaxBodyBytes)
@@ -87,13 +100,15 @@ func (c *conn) serveH1(ctx context.Context) error {
 			}
 			continue
 		}
+		h.sent, h.keep = h.sent[:0], h.served > 0 && idempotent(req.Event.Op)
 		if err := h.consume(e.start, e.end, h.forward); err != nil {
 			return err
 		}
-		more, err := h.relayResponse(&req)
+		more, err := h.relayResponse(ctx, &req)
 		if err != nil || !more {
 			return err
 		}
+		h.served++
 	}
 }
 
@@ -152,22 +167,86 @@ func (h *h1Conn) trim(k int) {
 // forward writes released client bytes upstream and shows them to the
 // response tap (so responses pair with their requests).
 func (h *h1Conn) forward(b []byte) error {
-	if _, err := h.c.up.Write(b); err != nil {
-		return fmt.Errorf("intercept: write upstream: %w", err)
+	if h.keep {
+		if len(h.sent)+len(b) > maxRetryBytes {
+			h.keep = false
+		} else {
+			h.sent = append(h.sent, b...)
+		}
+	}
+	if !h.upDead {
+		if _, err := h.c.up.Write(b); err != nil {
+			if !h.keep {
+				return fmt.Errorf("intercept: write upstream: %w", err)
+			}
+			h.upDead, h.upErr = true, err // sent again on a new connection
+		}
 	}
 	h.rw.egress(b)
+	return nil
+}
+
+// idempotent reports whether a request may be sent again (RFC 9110
+// §9.2.2) after its connection closed before any answer.
+func idempotent(op string) bool {
+	switch op {
+	case "http:GET", "http:HEAD", "http:OPTIONS", "http:TRACE", "http:PUT", "http:DELETE":
+		return true
+	}
+	return false
+}
+
+// redial replaces an upstream connection the server closed while it was
+// idle and sends the request in flight again: the same released bytes,
+// to the same server, verified again.
+func (h *h1Conn) redial(ctx context.Context) error {
+	c := h.c
+	c.up.Close()
+	c.up = nil
+	name := c.sni
+	if name == "" {
+		name = c.dst.Addr().Unmap().String()
+	}
+	hctx, cancel := context.WithTimeout(ctx, c.p.cfg.HandshakeTimeout)
+	defer cancel()
+	c.dialUpstream(hctx, name)
+	if c.upErr != nil {
+		return c.upErr
+	}
+	if p := c.up.ConnectionState().NegotiatedProtocol; p == ProtoH2 {
+		return fmt.Errorf("intercept: upstream %s now speaks %s", c.dst, p)
+	}
+	h.served, h.upDead, h.upErr = 0, false, nil
+	if _, err := c.up.Write(h.sent); err != nil {
+		return fmt.Errorf("intercept: write upstream: %w", err)
+	}
 	return nil
 }
 
 // relayResponse streams upstream bytes to the client until the tap has
 // seen the whole response to the request just forwarded (1xx interim
 // responses pass through). It reports whether the connection goes on.
-func (h *h1Conn) relayResponse(req *Request) (bool, error) {
+func (h *h1Conn) relayResponse(ctx context.Context, req *Request) (bool, error) {
 	c := h.c
 	want := h.rw.responses + 1
 	desyncs := h.rw.t.Stats().Desyncs
+	got := false
 	for h.rw.responses < want {
-		n, err := c.up.Read(h.buf)
+		var n int
+		err := h.upErr
+		if !h.upDead {
+			n, err = c.up.Read(h.buf)
+		}
+		if err != nil && n == 0 && !got && h.keep {
+			// The server closed the kept-alive connection before it
+			// answered (an idle timeout): once, on a new connection.
+			h.keep = false
+			if rerr := h.redial(ctx); rerr != nil {
+				return false, rerr
+			}
+			continue
+		}
+		got = got || n > 0
 		if n > 0 {
 			// Observe first: a response is reported before the client
 			// holds all of it, so a request it prompts is decided after.

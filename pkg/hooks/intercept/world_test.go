@@ -119,6 +119,16 @@ func newWorldOn(t testing.TB, ln net.Listener) *world {
 				return
 			}
 			io.WriteString(rw, "data: second\n\n")
+		case r.URL.Path == "/close-idle":
+			// A complete, kept-alive response, then the server closes the
+			// connection (as an idle timeout would, before the next
+			// request arrives).
+			conn, _, err := http.NewResponseController(rw).Hijack()
+			if err != nil {
+				return
+			}
+			io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nclosed")
+			conn.Close()
 		case r.URL.Path == "/wsecho":
 			websocket.Handler(func(ws *websocket.Conn) {
 				for {
