@@ -108,3 +108,32 @@ func BenchmarkDownload(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkHandshake: one new TLS connection per request (keep-alive
+// off), through the proxy (two handshakes, a leaf from the cache) and
+// directly: handshakes per second.
+func BenchmarkHandshake(b *testing.B) {
+	w := newWorld(b)
+	tp := newTestProxy(b, w, nil)
+	worldPool := newPoolFromFile(b, w.caFile)
+	for _, via := range []string{"direct", "proxy"} {
+		url, roots := fmt.Sprintf("https://localhost:%d/bench", w.addr.Port()), worldPool
+		if via == "proxy" {
+			url, roots = tp.url("/bench"), tp.ca.Pool()
+		}
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true,
+			TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{}}
+		c := &http.Client{Transport: tr}
+		b.Run(via, func(b *testing.B) {
+			for b.Loop() {
+				resp, err := c.Get(url)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "conn/s")
+		})
+	}
+}
