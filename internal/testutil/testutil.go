@@ -4,11 +4,13 @@
 package testutil
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // RequireRoot skips the test when not running as root. In CI we are root,
@@ -68,4 +70,35 @@ func NewNetNS(tb testing.TB) string {
 	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	Run(tb, "ip", "-n", name, "link", "set", "lo", "up")
 	return name
+}
+
+// WaitLinkReady waits until link dev in namespace ns can transmit: its
+// operational state is UP and its qdisc has been activated. `ip link set
+// up` returns before that: the device keeps the noop qdisc, which drops
+// every frame silently, until the kernel's link watcher runs, and that
+// work is rate-limited (up to a second) and needs the RTNL lock, so on a
+// busy machine (a first `make test` after boot) the first frames a test
+// sends can vanish. The limit is a hang guard, not a speed assertion.
+func WaitLinkReady(tb testing.TB, ns, dev string) {
+	tb.Helper()
+	var last string
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		out, err := exec.Command("ip", "-n", ns, "-j", "link", "show", "dev", dev).Output()
+		if err != nil {
+			tb.Fatalf("ip -n %s link show %s: %v", ns, dev, err)
+		}
+		var links []struct {
+			Qdisc     string `json:"qdisc"`
+			OperState string `json:"operstate"`
+		}
+		if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
+			tb.Fatalf("ip -n %s link show %s: %v: %s", ns, dev, err, out)
+		}
+		l := links[0]
+		if l.OperState == "UP" && l.Qdisc != "" && l.Qdisc != "noop" {
+			return
+		}
+		last = l.OperState + ", qdisc " + l.Qdisc
+	}
+	tb.Fatalf("link %s in %s not ready to transmit after 60s (%s)", dev, ns, last)
 }

@@ -33,8 +33,9 @@ type Topology struct {
 // Path returns the bind-mount path of a namespace made by ip netns.
 func Path(ns string) string { return "/run/netns/" + ns }
 
-// New builds the topology. The links are up and routed, IPv6 duplicate
-// address detection is off, and the router forwards both families.
+// New builds the topology. The links are up, ready to transmit (see
+// testutil.WaitLinkReady) and routed, IPv6 duplicate address detection is
+// off, and the router forwards both families.
 func New(tb testing.TB) *Topology {
 	tb.Helper()
 	testutil.RequireRoot(tb)
@@ -66,6 +67,12 @@ func New(tb testing.TB) *Topology {
 		testutil.Run(tb, "ip", "-n", a.ns, "addr", "add", a.v4.String()+"/24", "dev", a.dev)
 		testutil.Run(tb, "ip", "-n", a.ns, "addr", "add", a.v6.String()+"/64", "dev", a.dev, "nodad")
 		testutil.Run(tb, "ip", "-n", a.ns, "link", "set", a.dev, "up")
+	}
+	// Until the kernel has activated a link's qdisc, frames sent on it
+	// are dropped silently (TestLayer2Dropped lost its first 802.1Q
+	// frames to the guest link's noop qdisc on a busy machine).
+	for _, l := range [][2]string{{t.Guest, t.GuestIf}, {t.Router, t.RouterIf}, {t.Router, t.RouterWorldIf}, {t.World, t.WorldIf}} {
+		testutil.WaitLinkReady(tb, l[0], l[1])
 	}
 	testutil.Run(tb, "ip", "-n", t.Guest, "route", "add", "default", "via", t.Router4.String())
 	testutil.Run(tb, "ip", "-n", t.Guest, "-6", "route", "add", "default", "via", t.Router6.String())
