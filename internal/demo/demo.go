@@ -118,7 +118,8 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		Workdir: res.Workdir, Task: Task, Argv: []string{"/bin/sh", "/run/agent/agent.sh"},
 		Binds: []netns.Bind{{Source: filepath.Join(base, "bin"), Target: "/run/agent"}},
 		UID:   UID, GID: UID, Hosts: map[string][]netip.Addr{"api.example.com": {w.addr}, "status.example.org": {w.addr}},
-		AuditPath: auditPath, Stdout: out, Stderr: out})
+		AuditPath: auditPath, Stdout: out, Stderr: out,
+		WorkStateDir: filepath.Join(base, "state")}) // thrown away with the demo's working directory
 	cancelWatch()
 	if err != nil {
 		return nil, err
