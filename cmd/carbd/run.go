@@ -75,6 +75,14 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	vmCA := fs.String("vm-ca", "", "VM backends: PEM `file` of the interception CA the guest trusts")
 	fs.DurationVar(&vm.BootTimeout, "vm-boot-timeout", 0, "VM backends: launch to the guest's hello (default 5m)")
 	holdTimeout := fs.Duration("hold-timeout", 10*time.Second, "longest a packet waits for a decision before it is refused")
+	var icpt daemon.InterceptConfig
+	intercepting := fs.Bool("intercept", true, "intercept the guest's HTTPS (TCP 443) and decide it request by request (netns backend); false: TLS is opaque, decided by server name as carrying everything read so far")
+	fs.StringVar(&icpt.CACert, "ca-cert", "", "interception CA certificate `file` (PEM; with --ca-key; default: the host's CA, created once under "+daemon.DefaultCADir+")")
+	fs.StringVar(&icpt.CAKey, "ca-key", "", "interception CA key `file` (PEM)")
+	fs.Func("upstream-ca", "PEM `file` of a CA trusted for the world's servers besides the host's roots; repeatable", func(s string) error {
+		icpt.UpstreamCAs = append(icpt.UpstreamCAs, s)
+		return nil
+	})
 	envs := &envFlag{lookup: os.LookupEnv}
 	fs.Var(envs, "env", "pass `NAME[=VALUE][@host[,host]]` to the agent's environment, a credential bound to the policy's parties for NAME and the hosts given (NAME alone: carbd's own value; @*: plain, not a credential); repeatable")
 	var envFiles []string
@@ -123,7 +131,8 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	}
 	cfg := daemon.Config{ID: *id, StateDir: *stateDir, PolicyPath: *policyPath, Policy: p, Workdir: *workdir, Task: *task,
 		Backend: *backend, Argv: argv, Env: agentEnv, UID: *uid, GID: *gid, Upstream: upstream, Hosts: hosts, HoldTimeout: *holdTimeout,
-		AuditPath: *auditPath, Metrics: *metricsAddr, VM: vm, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
+		AuditPath: *auditPath, Metrics: *metricsAddr, VM: vm, Intercept: icpt, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
+	cfg.Intercept.Off = !*intercepting
 	switch *oracleName {
 	case "strict":
 		cfg.Oracle = decide.Strict{}

@@ -67,6 +67,9 @@ type Config struct {
 	// Binds are extra bind mounts into the sandbox (tools, the agent's
 	// program); read-only unless marked writable.
 	Binds []netns.Bind
+	// Intercept configures the TLS interception of the guest's HTTPS
+	// (netns backend; docs/interception.md).
+	Intercept InterceptConfig
 	// UID and GID the sandbox's root maps to; default: the owner of W.
 	UID, GID int
 	// DNS: upstream resolvers for the sandbox's resolver, and static
@@ -496,7 +499,10 @@ func (d *daemon) oracleWait() time.Duration {
 // layers and journal, this one's and (at the default places) those of
 // other working directories.
 func (d *daemon) hiddenPaths() []string {
-	hide := []string{d.cfg.WorkStateDir, d.cfg.StagingDir, DefaultWorkStateRoot}
+	hide := []string{d.cfg.WorkStateDir, d.cfg.StagingDir, DefaultWorkStateRoot, DefaultCADir}
+	if c := d.cfg.Intercept.CADir; c != "" {
+		hide = append(hide, c)
+	}
 	if def := filepath.Join(filepath.Dir(d.cfg.Workdir), ".carbd"); filepath.Dir(d.cfg.StagingDir) == def {
 		hide = append(hide, def)
 	}

@@ -39,6 +39,7 @@ type netChannel struct {
 	dns     *dnsproxy.Proxy
 	cap     *capture.Capture
 	resp    *respwatch.Watcher
+	icpt    *interceptor // nil: TLS stays opaque
 	sb      *netns.Sandbox
 	// agentDir is the agent's control directory (task, notices).
 	agentDir string
@@ -173,7 +174,19 @@ func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) err
 	if t := os.Getenv("TERM"); t != "" {
 		env = append(env, "TERM="+t)
 	}
-	env = append(env, d.cfg.Env...) // through the sandbox's configuration pipe, not argv
+	binds := append([]netns.Bind{{Source: nc.agentDir, Target: "/run/carbd", Writable: true}}, d.cfg.Binds...)
+	if !d.cfg.Intercept.Off {
+		ic, err := nc.startIntercept()
+		if err != nil {
+			return err
+		}
+		nc.icpt = ic
+		nc.closers = append(nc.closers, ic.close)
+		b, tenv := ic.guest()
+		binds = append(binds, b)
+		env = append(env, tenv...)
+	}
+	env = append(env, d.cfg.Env...) // through the sandbox's configuration pipe, not argv; the user's last
 	stdin := d.cfg.Stdin
 	if stdin == nil {
 		stdin = eofReader{}
@@ -182,7 +195,7 @@ func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) err
 		Plan: plan, Workdir: d.cfg.Workdir, Merged: d.files.merged, Argv: d.cfg.Argv, Env: env,
 		UID: d.cfg.UID, GID: d.cfg.GID, Hostname: "carbd-" + d.cfg.ID,
 		DNS:    []netip.Addr{plan.HostAddr4.Addr()},
-		Binds:  append([]netns.Bind{{Source: nc.agentDir, Target: "/run/carbd", Writable: true}}, d.cfg.Binds...),
+		Binds:  binds,
 		Hide:   d.hiddenPaths(),
 		Cgroup: cgroup,
 		BeforeUp: func(host netlink.Link) error {
@@ -273,11 +286,25 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	} else {
 		d.log.Warn("capture off: responses are not observed", "err", err)
 	}
-	undo, err := masquerade(nc.plan)
+	if nc.icpt != nil {
+		if err := nc.icpt.listen(); err != nil {
+			return err
+		}
+	}
+	undo, err := masquerade(nc.plan, nc.icpt)
 	if err != nil {
 		return fmt.Errorf("masquerade: %w", err)
 	}
 	nc.nat = undo
+	if ic := nc.icpt; ic != nil {
+		nc.wg.Add(1)
+		go func() {
+			defer nc.wg.Done()
+			if err := ic.serve(ctx); err != nil {
+				d.log.Error("interception stopped: intercepted connections are refused", "err", err)
+			}
+		}()
+	}
 	return nil
 }
 
@@ -339,6 +366,11 @@ func (nc *netChannel) learn(m map[string][]netip.Addr) {
 
 // Decide implements nfq.Decider over the engine.
 func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) nfq.Outcome {
+	// A connection redirected to the interception is decided there:
+	// the connection by its server name, then each request.
+	if nc.icpt.handles(m.Flow.Dst, m.Flow.DstPort, m.Flow.Proto) {
+		return nfq.Outcome{Verdict: nfq.Release, Reason: "intercepted"}
+	}
 	if ev.Dest != nil && ev.Dest.Host == "" && ev.Dest.Addr.IsValid() {
 		nc.mu.Lock()
 		if names, _ := nc.names.get(ev.Dest.Addr.Unmap()); len(names) > 0 {
@@ -410,6 +442,7 @@ func (nc *netChannel) applyResolution(r *decide.Resolution) {
 	if nc.loop != nil {
 		nc.loop.ApplyResolution(r)
 	}
+	nc.icpt.resolved(r)
 	nc.finals(r)
 }
 

@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net/http"
@@ -25,8 +26,9 @@ import (
 )
 
 // serveTLS serves HTTPS in the world's namespace with a self-signed
-// certificate for names, recording each request in w.
-func serveTLS(t *testing.T, w *world, names ...string) {
+// certificate for names, recording each request in w. It returns the
+// certificate's PEM file, for carbd's interception to trust upstream.
+func serveTLS(t *testing.T, w *world, names ...string) string {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -47,6 +49,11 @@ func serveTLS(t *testing.T, w *world, names ...string) {
 	}), TLSConfig: &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}}
 	go srv.ServeTLS(l, "", "")
 	t.Cleanup(func() { srv.Close() })
+	pemFile := filepath.Join(t.TempDir(), "world.pem")
+	if err := os.WriteFile(pemFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return pemFile
 }
 
 // The shipped examples/policy.yaml lets an agent reach its model
@@ -63,7 +70,7 @@ func TestExamplePolicyModelProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := newWorld(t, 94)
-	serveTLS(t, w, "api.openai.com", "api.anthropic.com", "example.org")
+	worldCA := serveTLS(t, w, "api.openai.com", "api.anthropic.com", "example.org")
 	work := workdir(t)
 	agentHosts := []string{"github.com", "api.github.com", "chatgpt.com", "ab.chatgpt.com"}
 	hosts := map[string][]netip.Addr{"api.openai.com": {w.addr}, "api.anthropic.com": {w.addr}, "example.org": {w.addr}}
@@ -89,7 +96,8 @@ curl -sS -k -m 5 https://example.org/ -o /dev/null; echo "unasked=$?"
 	defer cancel()
 	sum, err := Run(ctx, Config{ID: testutil.UniqueName("m"), StateDir: t.TempDir(), Policy: p, PolicyPath: "examples/policy.yaml",
 		Workdir: work, Task: "Summarise README.md", Argv: []string{"/bin/sh", "-c", script}, UID: sandboxUID, GID: sandboxUID,
-		Oracle: op, Operator: op, Hosts: hosts, HoldTimeout: 3 * time.Second, AuditPath: auditPath, Stdout: &out, Stderr: &out})
+		Oracle: op, Operator: op, Hosts: hosts, HoldTimeout: 3 * time.Second, AuditPath: auditPath, Stdout: &out, Stderr: &out,
+		Intercept: InterceptConfig{UpstreamCAs: []string{worldCA}}})
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}

@@ -116,6 +116,12 @@ type Config struct {
 	OrigDst func(net.Conn) (netip.AddrPort, error)
 	// Logger receives connection errors; nil: discarded.
 	Logger *slog.Logger
+	// Connect, when set, decides a connection before anything goes
+	// upstream: the client, the original destination and the server name
+	// the client sent ("" without one). An error refuses the connection:
+	// nothing is sent upstream, the client's handshake completes and
+	// every request on it is answered 403 with the error as the notice.
+	Connect func(ctx context.Context, client, dst netip.AddrPort, sni string) error
 	// Refused, when set, is told of each request the proxy refuses
 	// without asking the Decider (a Host that is not the connection's
 	// server, an upstream that failed verification), for the audit.
@@ -292,7 +298,14 @@ func (c *conn) clientConfig(ctx context.Context, hello *tls.ClientHelloInfo) (*t
 	if err != nil {
 		return nil, err
 	}
-	c.dialUpstream(ctx, name)
+	if c.p.cfg.Connect != nil {
+		if err := c.p.cfg.Connect(ctx, c.client, c.dst, c.sni); err != nil {
+			c.upErr = fmt.Errorf("intercept: connection to %s refused: %w", name, err)
+		}
+	}
+	if c.upErr == nil {
+		c.dialUpstream(ctx, name)
+	}
 	cfg := &tls.Config{
 		Certificates: []tls.Certificate{*leaf},
 		MinVersion:   tls.VersionTLS12,

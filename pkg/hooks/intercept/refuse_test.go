@@ -2,7 +2,9 @@ package intercept
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -219,5 +221,39 @@ func TestObserveBeforeClient(t *testing.T) {
 		if r := <-clientDone; r.status != 200 {
 			t.Fatalf("h2=%v: %+v", h2, r)
 		}
+	}
+}
+
+// TestConnectRefused: a connection the Connect hook refuses sends nothing
+// upstream; its requests are answered 403 with the reason, in HTTP/1.1
+// and HTTP/2, and the decider is never asked.
+func TestConnectRefused(t *testing.T) {
+	w := newWorld(t)
+	var mu sync.Mutex
+	var asked []string
+	tp := newTestProxy(t, w, func(c *Config) {
+		c.Connect = func(_ context.Context, client, dst netip.AddrPort, sni string) error {
+			mu.Lock()
+			asked = append(asked, sni)
+			mu.Unlock()
+			return errors.New("the server name is not derivable from trusted sources")
+		}
+	})
+	for _, h2 := range []bool{false, true} {
+		r := do(t, goClient(tp, h2), "GET", tp.url("/hello"), "")
+		if r.status != 403 || !strings.Contains(r.body, "not derivable from trusted sources") {
+			t.Errorf("h2=%v: %+v", h2, r)
+		}
+	}
+	if n := len(w.received()); n != 0 {
+		t.Errorf("the world received %d requests", n)
+	}
+	if n := len(tp.dec.seen()); n != 0 {
+		t.Errorf("the decider was asked %d times", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) == 0 || asked[0] != "localhost" {
+		t.Errorf("Connect asked about %q, want the server name localhost", asked)
 	}
 }

@@ -32,6 +32,12 @@ type NATConfig struct {
 	// of a machine must use the same one (DefaultSysctlDir): the sysctls
 	// are the namespace's, not a sandbox's.
 	StateDir string
+	// RedirectPorts are the TCP destination ports of the guest's
+	// connections redirected to RedirectTo, a port of the host's side of
+	// Iface (carbd's TLS interception: the listener reads the original
+	// destination with SO_ORIGINAL_DST). Both or neither.
+	RedirectPorts []uint16
+	RedirectTo    uint16
 }
 
 // DefaultSysctlDir is where carbd counts who needs a sysctl it changed.
@@ -54,6 +60,10 @@ type NATTable struct {
 	// NotIface: packets leaving through it (back to the guest) are not
 	// masqueraded.
 	NotIface string
+	// Redirects: TCP connections arriving on NotIface to these ports go
+	// to port RedirectTo of the host (a prerouting chain).
+	Redirects  []uint16
+	RedirectTo uint16
 }
 
 // NATPlan is the masquerading of one sandbox, as data. BuildNAT makes
@@ -74,6 +84,14 @@ func BuildNAT(cfg NATConfig) (*NATPlan, error) {
 	if cfg.Forwarding && cfg.StateDir == "" {
 		return nil, fmt.Errorf("nfrules: nat: forwarding needs a state directory")
 	}
+	if (len(cfg.RedirectPorts) > 0) != (cfg.RedirectTo != 0) {
+		return nil, fmt.Errorf("nfrules: nat: redirect needs both ports and a target port")
+	}
+	for _, p := range cfg.RedirectPorts {
+		if p == 0 || p == cfg.RedirectTo {
+			return nil, fmt.Errorf("nfrules: nat: cannot redirect port %d to %d", p, cfg.RedirectTo)
+		}
+	}
 	p := &NATPlan{}
 	seen := map[string]bool{}
 	for _, s := range cfg.Subnets {
@@ -92,7 +110,8 @@ func BuildNAT(cfg NATConfig) (*NATPlan, error) {
 		if cfg.Forwarding {
 			p.Sysctls = append(p.Sysctls, Sysctl{Key: key, Value: "1"})
 		}
-		p.Tables = append(p.Tables, NATTable{Family: fam, Name: "carbd-nat-" + cfg.SandboxID, Subnet: s, NotIface: cfg.Iface})
+		p.Tables = append(p.Tables, NATTable{Family: fam, Name: "carbd-nat-" + cfg.SandboxID, Subnet: s, NotIface: cfg.Iface,
+			Redirects: cfg.RedirectPorts, RedirectTo: cfg.RedirectTo})
 	}
 	return p, nil
 }
@@ -116,7 +135,15 @@ func (p *NATPlan) NFTScript() string {
 		fmt.Fprintf(&b, "table %s %s {\n", t.Family, t.Name)
 		b.WriteString("\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n")
 		fmt.Fprintf(&b, "\t\t%s saddr %s oifname != %q masquerade\n", t.Family, t.Subnet, t.NotIface)
-		b.WriteString("\t}\n}\n")
+		b.WriteString("\t}\n")
+		if len(t.Redirects) > 0 {
+			b.WriteString("\tchain prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n")
+			for _, port := range t.Redirects {
+				fmt.Fprintf(&b, "\t\tiifname %q tcp dport %d redirect to :%d\n", t.NotIface, port, t.RedirectTo)
+			}
+			b.WriteString("\t}\n")
+		}
+		b.WriteString("}\n")
 	}
 	return b.String()
 }

@@ -87,6 +87,24 @@ func NATExprs(t NATTable) []expr.Any {
 	}
 }
 
+// RedirectExprs compiles one redirect rule of a table's prerouting chain
+// (its line in NFTScript).
+func RedirectExprs(t NATTable, port uint16) []expr.Any {
+	name := make([]byte, unix.IFNAMSIZ)
+	copy(name, t.NotIface)
+	be := func(p uint16) []byte { return []byte{byte(p >> 8), byte(p)} }
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: name},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be(port)},
+		&expr.Immediate{Register: 1, Data: be(t.RedirectTo)},
+		&expr.Redir{RegisterProtoMin: 1},
+	}
+}
+
 // applyNATTables installs every table in one netlink transaction; an
 // existing table of the same name is flushed and refilled.
 func applyNATTables(p *NATPlan, nsPath string) error {
@@ -101,6 +119,13 @@ func applyNATTables(p *NATPlan, nsPath string) error {
 		ch := conn.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 		conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: NATExprs(nt)})
+		if len(nt.Redirects) > 0 {
+			pre := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+				Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+			for _, port := range nt.Redirects {
+				conn.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: RedirectExprs(nt, port)})
+			}
+		}
 	}
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("nfrules: install nat tables %s: %w", p.Tables[0].Name, err)

@@ -181,3 +181,42 @@ func TestNATMasquerades(t *testing.T) {
 		}
 	}
 }
+
+// TestNATRedirectApplied: the redirect rules ApplyNAT builds through
+// netlink are the ones the plan prints, and the script is valid nft.
+func TestNATRedirectApplied(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "nft")
+	ns := testutil.NewNetNS(t)
+	cfg := nfrules.NATConfig{SandboxID: "rd", Iface: "tap-rd", NetNS: tcxtest.Path(ns),
+		Subnets:       []netip.Prefix{netip.MustParsePrefix("10.202.0.0/30"), netip.MustParsePrefix("fd00:cb:2::/64")},
+		RedirectPorts: []uint16{443, 8443}, RedirectTo: 40123}
+	p, err := nfrules.BuildNAT(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := exec.Command("ip", "netns", "exec", ns, "nft", "-c", "-f", "-")
+	check.Stdin = strings.NewReader(p.NFTScript())
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Fatalf("nft -c: %v\n%s", err, out)
+	}
+	undo, err := nfrules.ApplyNAT(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := testutil.Run(t, "ip", "netns", "exec", ns, "nft", "list", "ruleset")
+	for _, fam := range []string{"ip", "ip6"} {
+		for _, port := range []string{"443", "8443"} {
+			want := `iifname "tap-rd" tcp dport ` + port + ` redirect to :40123`
+			if strings.Count(rs, want) != 2 {
+				t.Errorf("%s: want %q in both families, ruleset:\n%s", fam, want, rs)
+			}
+		}
+	}
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	if rs := testutil.Run(t, "ip", "netns", "exec", ns, "nft", "list", "ruleset"); strings.Contains(rs, "carbd-nat-rd") {
+		t.Errorf("tables left after undo:\n%s", rs)
+	}
+}

@@ -23,6 +23,13 @@ func TestNATPlanGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "nat-v4-noforward.golden", p.String())
+	cfg = natSB1
+	cfg.RedirectPorts, cfg.RedirectTo = []uint16{443, 8443}, 40123
+	p, err = BuildNAT(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "nat-redirect.golden", p.String())
 }
 
 func TestNATValidate(t *testing.T) {
@@ -38,6 +45,8 @@ func TestNATValidate(t *testing.T) {
 		{"invalid subnet", NATConfig{SandboxID: "a", Iface: "t", Subnets: []netip.Prefix{{}}}, "invalid subnet"},
 		{"two v4", NATConfig{SandboxID: "a", Iface: "t", Subnets: []netip.Prefix{v4, v4}}, "two ip subnets"},
 		{"forwarding without state", NATConfig{SandboxID: "a", Iface: "t", Subnets: []netip.Prefix{v4}, Forwarding: true}, "state directory"},
+		{"redirect without target", NATConfig{SandboxID: "a", Iface: "t", Subnets: []netip.Prefix{v4}, RedirectPorts: []uint16{443}}, "both ports and a target"},
+		{"redirect to itself", NATConfig{SandboxID: "a", Iface: "t", Subnets: []netip.Prefix{v4}, RedirectPorts: []uint16{443}, RedirectTo: 443}, "cannot redirect port 443"},
 	} {
 		_, err := BuildNAT(tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "nfrules: ") {

@@ -1,0 +1,310 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/hooks/intercept"
+	"github.com/carbd/carbd/pkg/sandbox/netns"
+)
+
+// DefaultCADir holds the host's interception CA (created once, the key
+// 0600). Never visible in the sandbox.
+const DefaultCADir = "/var/lib/carbd/ca"
+
+// InterceptConfig configures the TLS interception of the guest's HTTPS
+// (docs/interception.md).
+type InterceptConfig struct {
+	// Off leaves TLS opaque: decided by its server name, as carrying
+	// everything the agent read so far.
+	Off bool
+	// CADir is where the CA is created once; default DefaultCADir.
+	// CACert and CAKey, when set, name an existing CA instead.
+	CADir, CACert, CAKey string
+	// UpstreamCAs are PEM files of CAs trusted for the world's servers
+	// besides the host's roots.
+	UpstreamCAs []string
+	// Ports are the TCP ports redirected to the interception; default 443.
+	Ports []uint16
+}
+
+// guestBundle is where the guest finds the CAs it trusts: the system
+// bundle's path on Debian-like systems, which the netns backend covers
+// with the host's roots plus carbd's CA.
+const guestBundle = "/etc/ssl/certs/ca-certificates.crt"
+
+// trustEnv points the usual clients at the guest's bundle.
+var trustEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"}
+
+// interceptor terminates the guest's TLS connections to the intercepted
+// ports (redirected by the NAT plan to its listener on the host side of
+// the sandbox's link) and decides every request in them with the engine.
+type interceptor struct {
+	nc     *netChannel
+	ca     *intercept.CA
+	proxy  *intercept.Proxy
+	ln     net.Listener
+	port   uint16
+	bundle string // the guest's bundle: the host's roots and carbd's CA
+
+	mu      sync.Mutex
+	waiting map[uint64]chan decide.Decision // held requests by effect
+}
+
+// loadCA returns the configured CA, creating the host's once.
+func loadCA(c InterceptConfig) (*intercept.CA, error) {
+	if c.CACert != "" || c.CAKey != "" {
+		if c.CACert == "" || c.CAKey == "" {
+			return nil, errors.New("interception CA: both the certificate and the key are needed")
+		}
+		return intercept.LoadCA(c.CACert, c.CAKey, intercept.LeafOptions{})
+	}
+	dir := c.CADir
+	if dir == "" {
+		dir = DefaultCADir
+	}
+	return intercept.LoadOrCreateCA(dir, intercept.LeafOptions{})
+}
+
+// startIntercept prepares the interception before the sandbox starts:
+// the CA, the guest's bundle and the proxy. Its listener comes with the
+// sandbox's link (listen).
+func (nc *netChannel) startIntercept() (*interceptor, error) {
+	d := nc.d
+	ca, err := loadCA(d.cfg.Intercept)
+	if err != nil {
+		return nil, fmt.Errorf("interception: %w", err)
+	}
+	roots, err := os.ReadFile(guestBundle)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("interception: the host's roots: %w", err)
+	}
+	bundle := filepath.Join(d.dir, "ca-bundle.pem")
+	b := append(bytes.TrimRight(roots, "\n"), '\n')
+	if len(roots) == 0 {
+		b = nil
+	}
+	b = append(b, ca.CertPEM...)
+	if err := os.WriteFile(bundle, b, 0o644); err != nil {
+		return nil, fmt.Errorf("interception: the guest's bundle: %w", err)
+	}
+	ic := &interceptor{nc: nc, ca: ca, bundle: bundle, waiting: map[uint64]chan decide.Decision{}}
+	ic.proxy, err = intercept.New(intercept.Config{
+		CA: ca, Decider: ic, Observe: ic.observe, Refused: ic.refused, Connect: ic.connect,
+		UpstreamCAFiles: d.cfg.Intercept.UpstreamCAs, OrigDst: ic.origDst,
+		Logger: d.log.With("channel", "intercept"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ic, nil
+}
+
+// listen opens the listener the NAT plan redirects to: one for both
+// address families, bound to the sandbox's link (it exists, still down),
+// so nothing else on the host reaches it.
+func (ic *interceptor) listen() error {
+	ifname := ic.nc.plan.HostIf
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, ifname)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "[::]:0")
+	if err != nil {
+		return fmt.Errorf("interception: listen on %s: %w", ifname, err)
+	}
+	ic.ln, ic.port = ln, uint16(ln.Addr().(*net.TCPAddr).Port)
+	return nil
+}
+
+// ports are the intercepted destination ports.
+func (ic *interceptor) ports() []uint16 {
+	if p := ic.nc.d.cfg.Intercept.Ports; len(p) > 0 {
+		return p
+	}
+	return []uint16{443}
+}
+
+// serve runs the proxy until ctx ends.
+func (ic *interceptor) serve(ctx context.Context) error {
+	return ic.proxy.Serve(ctx, ic.ln)
+}
+
+// guest is what the sandbox needs to trust carbd's CA: the bundle bound
+// over the system's, and the environment the usual clients read.
+func (ic *interceptor) guest() (netns.Bind, []string) {
+	env := make([]string, len(trustEnv))
+	for i, n := range trustEnv {
+		env[i] = n + "=" + guestBundle
+	}
+	return netns.Bind{Source: ic.bundle, Target: guestBundle}, env
+}
+
+// origDst is the destination the guest dialled. A connection made to the
+// listener itself (not redirected) has none and is refused.
+func (ic *interceptor) origDst(c net.Conn) (netip.AddrPort, error) {
+	dst, err := intercept.OriginalDst(c)
+	if err != nil {
+		return dst, err
+	}
+	if dst.Port() == ic.port {
+		if local, ok := c.LocalAddr().(*net.TCPAddr); ok && local.AddrPort().Addr().Unmap() == dst.Addr().Unmap() {
+			return netip.AddrPort{}, fmt.Errorf("intercept: %s dialled the interception listener itself", c.RemoteAddr())
+		}
+	}
+	return dst, nil
+}
+
+// handles reports whether a flow the verdict loop sees (after the NAT
+// redirect) goes to the interception listener: the proxy decides it.
+func (ic *interceptor) handles(dst netip.Addr, port uint16, proto uint8) bool {
+	if ic == nil || proto != 6 || port != ic.port {
+		return false
+	}
+	dst = dst.Unmap()
+	return dst == ic.nc.plan.HostAddr4.Addr() || dst == ic.nc.plan.HostAddr6.Addr()
+}
+
+// connect decides the connection itself before anything goes upstream:
+// its server name is a target, like a DNS query's name, and the
+// destination must not be refused outright. Content is decided request
+// by request.
+func (ic *interceptor) connect(ctx context.Context, client, dst netip.AddrPort, sni string) error {
+	fields := []decide.Field{{Name: "sni", Role: decide.RoleTarget, Value: sni}}
+	obj := sni
+	if sni == "" {
+		obj = dst.Addr().Unmap().String()
+		fields = []decide.Field{{Name: "addr", Role: decide.RoleTarget, Value: obj}}
+	}
+	ev := decide.Event{Ch: decide.ChanNet, Dir: decide.Out, Op: "tls:connect", Obj: fmt.Sprintf("%s:%d", obj, dst.Port()),
+		Fields: fields, Dest: &decide.Dest{Host: sni, Addr: dst.Addr().Unmap(), Port: dst.Port(), Proto: "tcp"}}
+	v := ic.decide(ctx, ev)
+	if !v.Release {
+		return errors.New(v.Notice)
+	}
+	return nil
+}
+
+// Decide implements intercept.Decider: one request, decided by the engine
+// as the same request in clear would be; a held one waits for its scope.
+func (ic *interceptor) Decide(ctx context.Context, req *intercept.Request) intercept.Verdict {
+	ev := req.Event
+	dst := decide.Dest{Host: req.SNI, Addr: req.Dst.Addr().Unmap(), Port: req.Dst.Port(), Proto: "tcp"}
+	if ev.Dest != nil && ev.Dest.Host != "" {
+		dst.Host = ev.Dest.Host
+	}
+	ev.Dest = &dst
+	return ic.decide(ctx, ev)
+}
+
+func (ic *interceptor) decide(ctx context.Context, ev decide.Event) intercept.Verdict {
+	d := ic.nc.d
+	// What the agent read before it sent this must be known first (as
+	// for every network decision): fail closed if it cannot be.
+	if err := d.files.syncTracing(ctx); err != nil {
+		d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", d.engine.Policy().Redact(ev.Summary()), "err", err)
+		return intercept.Verdict{Notice: "carbd could not establish what the agent read before this request; it was refused"}
+	}
+	res := d.engine.Propose(ctx, ev)
+	dec := res.Decision
+	d.record(dec)
+	var wait chan decide.Decision
+	if dec.Verdict == decide.Defer {
+		wait = make(chan decide.Decision, 1)
+		ic.mu.Lock()
+		ic.waiting[dec.Seq] = wait
+		ic.mu.Unlock()
+		defer func() {
+			ic.mu.Lock()
+			delete(ic.waiting, dec.Seq)
+			ic.mu.Unlock()
+		}()
+	}
+	for i := range res.Resolutions {
+		d.applyResolution(&res.Resolutions[i])
+	}
+	if dec.Verdict == decide.Defer {
+		d.resolveSoon(dec.Scope)
+		if f, ok := d.finalOf(dec.Seq); ok {
+			dec = f
+		} else {
+			select {
+			case dec = <-wait:
+			case <-ctx.Done():
+				return intercept.Verdict{Notice: "carbd: the request was held and its connection ended before a decision"}
+			}
+		}
+	}
+	if dec.Verdict == decide.Release {
+		return intercept.Verdict{Release: true}
+	}
+	return intercept.Verdict{Notice: decide.AbortNotice([]decide.Decision{dec})}
+}
+
+// resolved hands the final verdicts of a resolved scope to the requests
+// waiting for them.
+func (ic *interceptor) resolved(r *decide.Resolution) {
+	if ic == nil {
+		return
+	}
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	for _, e := range r.Effects {
+		if ch, ok := ic.waiting[e.Seq]; ok {
+			select {
+			case ch <- e:
+			default:
+			}
+		}
+	}
+}
+
+// observe hands a response to a released request to provenance.
+func (ic *interceptor) observe(_ *intercept.Request, ev decide.Event) {
+	ic.nc.observe(ev)
+}
+
+// refused records a request the proxy refused on its own (a host that is
+// not the connection's server, an upstream that failed verification).
+func (ic *interceptor) refused(req *intercept.Request, notice string) {
+	ic.nc.d.log.Warn("intercepted request refused", "client", req.Client, "dst", req.Dst, "sni", req.SNI, "why", notice)
+}
+
+// close stops accepting; the proxy's connections end with its context.
+func (ic *interceptor) close() error {
+	if ic == nil || ic.ln == nil {
+		return nil
+	}
+	err := ic.ln.Close()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// finalOf returns an effect's final decision, once it has one.
+func (d *daemon) finalOf(seq uint64) (decide.Decision, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f, ok := d.final[seq]
+	if !ok {
+		return decide.Decision{}, false
+	}
+	return *f, true
+}
