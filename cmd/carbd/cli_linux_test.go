@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	vnetns "github.com/vishvananda/netns"
 
+	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/daemon"
 	"github.com/carbd/carbd/pkg/decide"
@@ -151,26 +151,12 @@ func newWorld(t *testing.T, octet int) *world {
 	return w
 }
 
+// listenIn opens a listener inside a network namespace (see
+// internal/netnsx).
 func listenIn(t *testing.T, ns, addr string) net.Listener {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := vnetns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	h, err := vnetns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := vnetns.Set(h); err != nil {
-		t.Fatal(err)
-	}
-	defer vnetns.Set(orig)
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
+	var l net.Listener
+	if err := netnsx.DoNamed(ns, func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	return l
