@@ -124,6 +124,11 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if len(agentEnv) > 0 && *backend != "netns" {
+		// The control channel's task message has no environment yet:
+		// refuse rather than start an agent without its keys.
+		return fmt.Errorf("%w: --env and --env-file are supported by the netns backend only (not %s)", errUsage, *backend)
+	}
 	if *vmCA != "" {
 		if vm.CA, err = os.ReadFile(*vmCA); err != nil {
 			return err
