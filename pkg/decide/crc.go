@@ -40,7 +40,7 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 		if it.embedded {
 			// No calibrated population: never allowed on a score, never
 			// reverted (subfields.go).
-			worst = Reason{Code: CodeCRCOver, Field: it.Field, Role: it.Role, Value: clip(it.Value, 200), Origin: e.originOf(it.Value),
+			worst = Reason{Code: CodeCRCOver, Field: it.Field, Role: it.Role, Value: clip(it.Value, 200), Origin: e.originName(it.Value),
 				Score: score.Score(kind, it.Value, &e.uctx, &e.tctx), Threshold: math.Inf(-1)}
 			worstEmbedded = true
 			break
@@ -64,7 +64,7 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 				continue
 			}
 		}
-		worst = Reason{Code: CodeCRCOver, Field: f.Name, Role: f.Role, Value: clip(f.Value, 200), Origin: e.originOf(f.Value), Score: s, Threshold: tau}
+		worst = Reason{Code: CodeCRCOver, Field: f.Name, Role: f.Role, Value: clip(f.Value, 200), Origin: e.originName(f.Value), Score: s, Threshold: tau}
 		break
 	}
 	if worst.Code != "" {

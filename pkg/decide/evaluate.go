@@ -121,7 +121,7 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 			if spec.RefuseUntrusted {
 				d.Verdict, d.Policy = Refuse, Refuse
 			}
-			d.Reason = Reason{Code: CodeUntrustedValue, Field: it.Field, Role: it.Role, Value: clip(it.Value, 200), Origin: e.originOf(it.Value)}
+			d.Reason = Reason{Code: CodeUntrustedValue, Field: it.Field, Role: it.Role, Value: clip(it.Value, 200), Origin: e.originName(it.Value)}
 			what := "in field " + it.Field
 			if it.embedded {
 				what = "embedded in field " + it.Field[:strings.IndexByte(it.Field, '[')]
@@ -218,25 +218,44 @@ func (e *Engine) derivable(x string) bool {
 }
 
 // originOf names where an untrusted value was first seen, if anywhere.
-func (e *Engine) originOf(x string) string {
+// A value never seen whole is attributed through a part of it only when
+// that part names something by itself (a host, an address, a path: it
+// has a dot, an @, a slash or a colon); a common word it shares with
+// some text is no origin (paste.example.net was not "supplied by" a file
+// that mentions status.example.org). part is "" for the whole value.
+func (e *Engine) originOf(x string) (origin, part string) {
 	if o, ok := e.untrusted.Origin(x); ok {
-		return o
+		return o, ""
 	}
 	for _, v := range match.Extract(x) {
+		if v == x || !strings.ContainsAny(v, ".@/:") {
+			continue
+		}
 		if o, ok := e.untrusted.Origin(v); ok {
-			return o
+			return o, v
 		}
 	}
-	return ""
+	return "", ""
+}
+
+// originName is the origin recorded in a reason: where the value, or the
+// part of it that names something, was first seen.
+func (e *Engine) originName(x string) string {
+	o, _ := e.originOf(x)
+	return o
 }
 
 // originPhrase states a value's provenance as an origin, not a label: a
 // language model reads "untrusted" as a verdict (Kairos §III-D).
 func (e *Engine) originPhrase(x string) string {
-	if o := e.originOf(x); o != "" {
+	switch o, part := e.originOf(x); {
+	case o == "":
+		return "not in the user's message or any trusted source (produced by the agent)"
+	case part != "":
+		return fmt.Sprintf("not supplied whole by any source; its part %q was supplied by %s, not by the user's message", clip(part, 80), o)
+	default:
 		return "supplied by " + o + ", not by the user's message"
 	}
-	return "not in the user's message or any trusted source (produced by the agent)"
 }
 
 // clearance returns the clearance of an effect's destination, the party's
