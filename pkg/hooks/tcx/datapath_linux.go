@@ -606,7 +606,7 @@ func readCounters(m *ebpf.Map) (Counters, error) {
 			return Counters{}, fmt.Errorf("tcx: read counter %s: %w", r, err)
 		}
 		for _, p := range per {
-			c[r] = c[r].add(Count{p.Packets, p.Bytes})
+			c[r] = c[r].add(Count(p))
 		}
 	}
 	return c, nil

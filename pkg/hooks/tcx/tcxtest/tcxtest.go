@@ -301,7 +301,7 @@ func StartQueue(tb testing.TB, ns string, num uint16, decide func(QueuedPacket) 
 		q.mu.Unlock()
 		v, mark := decide(p)
 		if mark != 0 {
-			_ = nf.SetVerdictWithMark(*a.PacketID, v, int(mark))
+			_ = nf.SetVerdictWithOption(*a.PacketID, v, nfqueue.WithMark(uint32(mark)))
 		} else {
 			_ = nf.SetVerdict(*a.PacketID, v)
 		}
