@@ -657,6 +657,14 @@ func (fc *fileChannel) close() error {
 		_ = fc.cg.Remove()
 	}
 	err := fc.st.Unmount()
+	if err == nil {
+		// A finished run leaves nothing beside W (its layers are
+		// discarded); an unfinished one keeps them for the next run.
+		err = fc.st.Discard()
+		if def := filepath.Join(filepath.Dir(fc.d.cfg.Workdir), ".carbd"); filepath.Dir(fc.d.cfg.StagingDir) == def {
+			_ = os.Remove(def) // only if empty
+		}
+	}
 	if cerr := fc.st.Close(); err == nil {
 		err = cerr
 	}

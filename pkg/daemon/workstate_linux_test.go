@@ -86,6 +86,10 @@ func TestRunStartsFromWorkdir(t *testing.T) {
 	if len(sum.Conflicts) != 0 {
 		t.Errorf("run 2 conflicts: %v", sum.Conflicts)
 	}
+	// A run that ended leaves no layers beside W.
+	if _, err := os.Stat(filepath.Join(filepath.Dir(work), ".carbd")); !os.IsNotExist(err) {
+		t.Errorf("the staging layers are left beside W: %v", err)
+	}
 }
 
 // G-CARB's cross-session case (Figure 1) through carbd run: run 1 copies

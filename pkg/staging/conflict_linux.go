@@ -56,6 +56,40 @@ func (s *Stager) discardLayers() error {
 	return unix.Fsync(s.lfd)
 }
 
+// Discard removes the layers of a finished run (unmounting M if it is
+// still mounted), so nothing of the run is left beside W, and closes the
+// stager; the next Open builds a fresh base anyway. Without a successful
+// Finish it only closes (the layers stay for the next Open to resume).
+func (s *Stager) Discard() error {
+	if err := s.lock(); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	defer func() {
+		s.closed = true
+		s.closeFds()
+	}()
+	if _, err := os.Lstat(s.l.Finished); err != nil {
+		return nil
+	}
+	for _, fd := range []*int{&s.ufd, &s.bfd, &s.seenFd} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	if err := s.discardLayers(); err != nil {
+		return err
+	}
+	if within(s.l.Merged, s.l.Layers) {
+		_ = os.Remove(s.l.Merged) // the mount point, empty once unmounted
+	}
+	if s.l.Layers != s.l.State {
+		_ = os.Remove(s.l.Layers) // only if empty
+	}
+	return nil
+}
+
 // loadSeen reads the seen log and opens it for appending.
 func (s *Stager) loadSeen() error {
 	name := filepath.Base(s.l.Seen)

@@ -506,3 +506,42 @@ func TestLateUserEditDuringCommit(t *testing.T) {
 		})
 	}
 }
+
+// A finished run's layers are removed by Discard: nothing of the run is
+// left beside W, and the next run builds a fresh base.
+func TestDiscardLeavesNothing(t *testing.T) {
+	r := newRunsEnv(t, func(w string) { writeFile(t, filepath.Join(w, "x"), "x", 0o644) })
+	r.start()
+	writeFile(t, filepath.Join(r.M, "y"), "y", 0o644)
+	r.commit()
+	if _, err := r.st.Finish(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	must(t, r.st.Unmount())
+	must(t, r.st.Discard())
+	must(t, r.st.Close())
+	r.st = nil
+	if _, err := os.Lstat(r.cfg.LayerDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the layer directory is still there: %v", err)
+	}
+	if d := cmp.Diff(map[string]string{"x": "x", "y": "y"}, files(t, r.W)); d != "" {
+		t.Fatalf("W (-want +got):\n%s", d)
+	}
+	r.start()
+	if !r.st.Fresh() {
+		t.Fatal("the next run did not build a fresh base")
+	}
+	// Without Finish (a crash), Discard keeps the layers for the next run.
+	writeFile(t, filepath.Join(r.M, "z"), "z", 0o644)
+	must(t, r.st.Unmount())
+	must(t, r.st.Discard())
+	r.st = nil
+	r.start()
+	if r.st.Fresh() {
+		t.Fatal("the unfinished run's layers were discarded")
+	}
+	if res := r.commit(); res.Applied != 1 {
+		t.Fatalf("the resumed run's staged change: %+v", res)
+	}
+	r.end(nil)
+}

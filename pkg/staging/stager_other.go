@@ -47,6 +47,7 @@ func (*Stager) Event(c Change) (decide.Event, error)              { return c.Eve
 func (*Stager) OpenStaged(Change) (io.ReadCloser, error)          { return nil, errUnsupported }
 func (*Stager) RunID() string                                     { return "" }
 func (*Stager) Fresh() bool                                       { return false }
+func (*Stager) Discard() error                                    { return errUnsupported }
 func (*Stager) Finish(context.Context, func(Change) bool) ([]Conflict, error) {
 	return nil, errUnsupported
 }
