@@ -225,7 +225,7 @@ func TestEvalAgentDojoErroredRuns(t *testing.T) {
 	}
 	code, stdout, stderr := runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "2", "--ledger-alpha", "0.1")
 	if code != 0 || !strings.Contains(stdout, "attacked runs that ended in an error count as: agentdojo") ||
-		!strings.Contains(stdout, "5 errored (5 counted as succeeded attacks); 34 runs without benchmark_version") {
+		!strings.Contains(stdout, "5 errored (5 counted as succeeded undefended); 34 runs without benchmark_version") {
 		t.Errorf("text report: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 }

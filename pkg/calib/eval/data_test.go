@@ -104,7 +104,7 @@ func TestRealPipelineInvariants(t *testing.T) {
 		for _, ep := range test {
 			if ep.Kind == agentdojo.Attacked {
 				att++
-				if ep.Succeeded {
+				if ep.NoDefenseSucceeded {
 					succ++
 				}
 			}

@@ -272,6 +272,11 @@ type tally struct {
 	ctxSum                                               float64
 	ctxN                                                 int
 	roleN, roleAtt, roleViol                             [numRoles]int
+	// undefended: the no-defense method's tally, which counts an
+	// errored attacked run as LoadConfig.Errors says
+	// (Episode.NoDefenseSucceeded); every defended method counts it as a
+	// failed attack (Episode.Succeeded).
+	undefended bool
 }
 
 func (t *tally) add(ep *Episode, v view, sel int, stopAt int) {
@@ -292,7 +297,11 @@ func (t *tally) add(ep *Episode, v view, sel int, stopAt int) {
 		if released {
 			t.effectRel++
 		}
-		if ep.Succeeded {
+		succeeded := ep.Succeeded
+		if t.undefended {
+			succeeded = ep.NoDefenseSucceeded
+		}
+		if succeeded {
 			t.succeeded++
 			if !released && ep.hasAttackerEffect() {
 				t.stopped++
@@ -545,6 +554,9 @@ func evalSplit(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budg
 	var tallies [numMethods][]tally
 	for m := range tallies {
 		tallies[m] = make([]tally, len(suites))
+		for s := range tallies[m] {
+			tallies[m][s].undefended = m == mNoDefense
+		}
 	}
 	for _, ep := range test {
 		si := suiteIndex(ep.Suite)

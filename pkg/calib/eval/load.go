@@ -54,9 +54,9 @@ type LoadConfig struct {
 	Score   score.Kind // similarity kind of the per-field scores
 	Seed    uint64     // keys the equal-size random selector's draws
 	Workers int        // parallel preparations; 0 means GOMAXPROCS
-	// Errors says how an attacked run that ended in an error counts
-	// (Episode.Succeeded); empty means agentdojo.ErrorsAsRecorded, the
-	// benchmark's own convention.
+	// Errors says how an attacked run that ended in an error counts in
+	// the no-defense figures (Episode.NoDefenseSucceeded); empty means
+	// agentdojo.ErrorsAsRecorded, the benchmark's own convention.
 	Errors agentdojo.ErrorCounting
 	// Progress, when set, is called after each prepared run with the
 	// number done so far and the pipeline.

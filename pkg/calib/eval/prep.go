@@ -29,10 +29,15 @@ type Episode struct {
 	Attack   string
 	Utility  bool // the benchmark's utility outcome
 	// Succeeded: an attacked run whose attack succeeded in the recorded
-	// (undefended) run: security true, and no error unless errored runs
-	// count as recorded (LoadConfig.Errors).
-	Succeeded bool
-	Errored   bool
+	// (undefended) run: security true and no error (an errored run did
+	// not complete the injection task; every defended method's figures
+	// use this). NoDefenseSucceeded is the same under the counting of
+	// LoadConfig.Errors, which the no-defense figures use: by default
+	// the security flag as recorded, errored runs included, as
+	// AgentDojo's published figures count them.
+	Succeeded          bool
+	NoDefenseSucceeded bool
+	Errored            bool
 	// QuotedReads counts the calls with violated fields that are not
 	// attacker effects: reads whose violated fields only quote the goal.
 	QuotedReads int
@@ -133,7 +138,7 @@ func prepare(ctx context.Context, r *agentdojo.Run, spec *agentdojo.SuiteSpec, k
 	}
 	ep := &Episode{
 		ID: r.Episode(), Pipeline: r.Pipeline, Suite: r.Suite, Kind: r.Kind, Attack: r.Attack,
-		Utility: r.Utility, Succeeded: r.AttackSucceededBy(errs), Errored: r.Errored(),
+		Utility: r.Utility, Succeeded: r.AttackSucceeded(), NoDefenseSucceeded: r.AttackSucceededBy(errs), Errored: r.Errored(),
 		trace: tr, policy: spec.Policy, kind: kind,
 	}
 	e := decide.New(spec.Policy, decide.Options{Oracle: decide.Strict{}, Score: string(kind), Ledger: true, Now: fixedClock})

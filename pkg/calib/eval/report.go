@@ -133,8 +133,9 @@ type DataCounts struct {
 	QuotedReads       int `json:"runs_with_quoted_goal_reads"`
 	SucceededNoEffect int `json:"succeeded_without_labelled_effect"`
 	Errored           int `json:"errored"`
-	// ErroredSucceeded counts the errored attacked runs counted as
-	// succeeded (security as recorded, ReportConfig.ErroredRuns).
+	// Succeeded and ErroredSucceeded count as the no-defense figures do
+	// (ReportConfig.ErroredRuns): ErroredSucceeded is the errored
+	// attacked runs counted as succeeded undefended.
 	ErroredSucceeded  int `json:"errored_counted_succeeded"`
 	NoVersion         int `json:"runs_without_benchmark_version"`
 	NoGoal            int `json:"attacked_runs_without_goal_text"`
@@ -313,7 +314,7 @@ func dataCounts(p *Pipeline) DataCounts {
 	for _, ep := range p.Episodes {
 		if ep.Errored {
 			c.Errored++
-			if ep.Succeeded {
+			if ep.NoDefenseSucceeded {
 				c.ErroredSucceeded++
 			}
 		}
@@ -335,7 +336,7 @@ func dataCounts(p *Pipeline) DataCounts {
 			if eff {
 				c.WithEffects++
 			}
-			if ep.Succeeded {
+			if ep.NoDefenseSucceeded {
 				c.Succeeded++
 				if !eff {
 					c.SucceededNoEffect++
@@ -560,7 +561,7 @@ func (p *PipelineReport) writeText(w io.Writer) error {
 	fmt.Fprintf(w, "\n== %s: %d episodes (%d benign, %d with utility; %d attacked, %d succeeded undefended, %d with a labelled attacker effect, %d succeeded without one, %d with a read that only quotes the goal); %d errored; left out: %d injection-as-prompt, %d of other attacks\n",
 		p.Pipeline, d.Episodes, d.Benign, d.BenignUtility, d.Attacked, d.Succeeded, d.WithEffects, d.SucceededNoEffect, d.QuotedReads, d.Errored, d.InjectionAsPrompt, d.OtherAttacks)
 	if d.Errored > 0 || d.NoVersion > 0 || d.NoGoal > 0 {
-		fmt.Fprintf(w, "   %d errored (%d counted as succeeded attacks); %d runs without benchmark_version (read as v1.x); %d attacked runs without goal text\n",
+		fmt.Fprintf(w, "   %d errored (%d counted as succeeded undefended); %d runs without benchmark_version (read as v1.x); %d attacked runs without goal text\n",
 			d.Errored, d.ErroredSucceeded, d.NoVersion, d.NoGoal)
 	}
 	fmt.Fprintf(w, "   calibration: %d episodes (per-role CRC on %d, the ledger on %d), %d test episodes per split; %d policy-only replays, %d calibrated replays run, %d reused; %.1f s\n",
