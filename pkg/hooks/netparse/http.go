@@ -193,11 +193,19 @@ const (
 // a connection they are another protocol.
 var errRequestLine = fmt.Errorf("%w: request line", ErrHTTP)
 
-// prefixCheckMax is how long a partial request line may grow before
-// httpPrefixOK stops being re-run on it at every segment (it runs again
-// once the line is complete), so that a slowly sent long line costs
-// linear time.
+// prefixCheckMax bounds the bytes of a partial request line that
+// requestPrefixOK looks at (after the empty lines before it): the whole
+// line is checked once it is complete, so that a slowly sent long line
+// costs linear time.
 const prefixCheckMax = 256
+
+// requestPrefixOK is httpPrefixOK on the first prefixCheckMax bytes of
+// the request line: its answer depends only on those bytes, never on how
+// many more arrived with them.
+func requestPrefixOK(b []byte) bool {
+	lead, _ := skipBlankLines(b)
+	return httpPrefixOK(b[:min(len(b), max(lead, 0)+prefixCheckMax)])
+}
 
 // advance looks at b, the request's bytes received so far (contiguous from
 // its start), and says whether the request is complete.
@@ -221,7 +229,7 @@ func (s *reqScan) advance(b []byte, cfg *Config, req *HTTPRequest) (scanStatus, 
 			if j < 0 {
 				s.seen = len(view) - s.lineAt
 				final := len(b) >= cfg.MaxHeaderBytes
-				if s.lineAt == s.lead && (final || len(view)-s.lead <= prefixCheckMax) && !httpPrefixOK(view) {
+				if s.lineAt == s.lead && (final && !httpPrefixOK(view) || !requestPrefixOK(view)) {
 					return scanBad, 0, fmt.Errorf("%w %q", errRequestLine, clip(view[s.lead:], 64))
 				}
 				if final {

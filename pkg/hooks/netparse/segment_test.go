@@ -1,6 +1,7 @@
 package netparse
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -286,6 +287,9 @@ func segCorpus(tb testing.TB) []struct {
 		{"bare cr", 80, []byte("GET / HTTP/1.1\r\nX: a\rb\r\n\r\n")},
 		{"truncated", 80, []byte(getA + "GET /half HTTP/1.1\r\nHo")},
 		{"ssh", 22, []byte("SSH-2.0-OpenSSH_9.2\r\n\x00\x00\x01")},
+		{"long non-request line", 80, bytes.Repeat([]byte("0"), 400)},
+		{"bad byte late in an unended request line", 80, []byte("GET /" + strings.Repeat("a", 300) + "\x01bb")},
+		{"bad byte late in a request line", 80, []byte("GET /" + strings.Repeat("a", 300) + "\x01bb HTTP/1.1\r\n\r\n")},
 		{"tls one record", 443, hello},
 		{"tls split records", 443, split},
 		{"tls truncated", 443, split[:len(split)-7]},

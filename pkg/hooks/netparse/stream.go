@@ -474,7 +474,7 @@ func (p *Parser) step(f *flow, b []byte, atFin bool, now time.Time, res *Result)
 				return false
 			}
 			f.mode = modeTLS
-		case httpPrefixOK(b):
+		case requestPrefixOK(b):
 			f.mode = modeHTTP
 		default:
 			p.opaque(f, b, ErrOpaqueProto, now, res)
