@@ -137,6 +137,9 @@ type procState struct {
 	// chrooted into it). Only ever set: a process cannot leave such a
 	// root, and its children inherit it.
 	rootIsM bool
+	// rootSeen: /proc answered for the process's root at least once
+	// (used when it has exited since: its root was not M when last seen).
+	rootSeen bool
 }
 
 // resolver turns raw records into Records: it keeps, per traced process,
@@ -221,8 +224,12 @@ func (r *resolver) viewOf(target uint32, pid int) (string, error) {
 	}
 	dev, ino, err := r.proc.Root(pid)
 	if err != nil {
+		if st.rootSeen {
+			return r.root, nil // it has exited; its root was not M when last seen
+		}
 		return "", fmt.Errorf("root directory of process %d unknown: %w", pid, err)
 	}
+	st.rootSeen = true
 	if dev == kdev(r.rootDev) && ino == r.rootIno {
 		st.rootIsM = true
 		return view, nil

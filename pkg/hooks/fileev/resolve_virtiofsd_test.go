@@ -61,7 +61,9 @@ func TestResolveVirtiofsdProcBind(t *testing.T) {
 // M: virtiofsd's parent creates /var/run/virtiofsd for its pid file on
 // the host. That is a host path, not var/run/virtiofsd in the working
 // directory. Only a process whose root directory is M sees M at "/"; it
-// is asked of /proc once and remembered, and its children inherit it.
+// is asked of /proc once and remembered, and its children inherit it. A
+// process that has exited keeps the answer last seen; one never seen is
+// not guessed (a malformed record: a re-scan).
 func TestResolveHostPathNeverInView(t *testing.T) {
 	hostRoot := [2]uint64{8<<8 | 1, 2} // the host's / on another device
 	p := &fakeProc{
@@ -92,19 +94,22 @@ func TestResolveHostPathNeverInView(t *testing.T) {
 	step(rawEvent{Kind: kFork, Tgid: 100, Tid: 100, Target: 1, Args: [6]uint64{101}})
 	step(mkdir(101, "/var/run/virtiofsd")) // the sandbox child, after its pivot_root into M
 	step(mkdir(101, "/var/run/virtiofsd"))
-	step(mkdir(200, "/x")) // root unknown: never guessed
+	step(mkdir(200, "/x"))     // root unknown: never guessed
+	p.roots[100] = [2]uint64{} // the parent has exited: as last seen
+	step(mkdir(100, "/var/run/virtiofsd"))
 	want := []res{
 		{"/var/run/virtiofsd", false, false, 0},
 		{"made-by-host", true, false, 1},
 		{"var/run/virtiofsd", true, false, 1},
 		{"var/run/virtiofsd", true, false, 1},
 		{"", false, true, 0},
+		{"/var/run/virtiofsd", false, false, 0},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)
 	}
 	// The child's root was asked once, then remembered.
-	if diff := cmp.Diff([]string{"root 100", "root 100", "root 101", "root 200"}, p.asked); diff != "" {
+	if diff := cmp.Diff([]string{"root 100", "root 100", "root 101", "root 200", "root 100"}, p.asked); diff != "" {
 		t.Errorf("asked /proc (-want +got):\n%s", diff)
 	}
 }
