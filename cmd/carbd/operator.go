@@ -135,9 +135,10 @@ func runAnswer(e *env, args []string, release bool) error {
 	if release {
 		verb = "approve"
 	}
-	fs := newFlagSet(e, verb, "[--sandbox ID] [--why TEXT] EFFECT-ID")
+	fs := newFlagSet(e, verb, "[--sandbox ID] [--why TEXT] [--for-run] EFFECT-ID")
 	id := fs.String("sandbox", "", "the sandbox (needed when several run)")
 	why := fs.String("why", "", "justification recorded in the audit log")
+	forRun := fs.Bool("for-run", false, "answer the same operation on the same target so for the rest of the run")
 	stateDir := fs.String("state-dir", daemon.DefaultStateDir, "carbd's state `directory`")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -156,7 +157,7 @@ func runAnswer(e *env, args []string, release bool) error {
 	if len(cs) != 1 {
 		return fmt.Errorf("%w: %d sandboxes are running: name one with --sandbox", errUsage, len(cs))
 	}
-	if _, err := cs[0].Do(daemon.Request{Cmd: verb, ID: eid, Justification: *why}, nil); err != nil {
+	if _, err := cs[0].Do(daemon.Request{Cmd: verb, ID: eid, Justification: *why, ForRun: *forRun}, nil); err != nil {
 		return err
 	}
 	done := "denied"

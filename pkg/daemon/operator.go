@@ -242,8 +242,9 @@ func splitSummary(s string) (op, obj string) {
 	return "", s
 }
 
-// Answer implements Operator: approve or deny a pending effect.
-func (d *daemon) Answer(id uint64, release bool, justification string) error {
+// Answer implements Operator: approve or deny a pending effect (and the
+// effects asking the same question), for the run with forRun.
+func (d *daemon) Answer(id uint64, release bool, justification, by string, forRun bool) error {
 	if d.cfg.Operator == nil {
 		return errors.New("this sandbox's oracle is " + d.cfg.Oracle.Name() + ", not the operator: nothing waits for an answer")
 	}
@@ -251,10 +252,7 @@ func (d *daemon) Answer(id uint64, release bool, justification string) error {
 	if release {
 		v = decide.Release
 	}
-	if justification == "" {
-		justification = "by the operator"
-	}
-	if err := d.cfg.Operator.Answer(id, v, justification); err != nil {
+	if err := d.cfg.Operator.AnswerWith(decide.Answer{ID: id, Verdict: v, Justification: justification, By: by, ForRun: forRun}); err != nil {
 		return fmt.Errorf("effect %d: %w", id, err)
 	}
 	return nil

@@ -29,6 +29,9 @@ type Request struct {
 	Cmd           string `json:"cmd"` // status, held, approve, deny, audit
 	ID            uint64 `json:"id,omitempty"`
 	Justification string `json:"justification,omitempty"`
+	// ForRun: approve or deny the same operation on the same target for
+	// the rest of the run.
+	ForRun bool `json:"for_run,omitempty"`
 }
 
 // Response is the answer to a request.
@@ -45,7 +48,8 @@ type Response struct {
 type Operator interface {
 	Status() SandboxStatus
 	Held() []HeldEffect
-	Answer(id uint64, release bool, justification string) error
+	// Answer approves or denies a pending effect; by names who answered.
+	Answer(id uint64, release bool, justification, by string, forRun bool) error
 	AuditPcap(w io.Writer) error
 }
 
@@ -113,7 +117,7 @@ func handleOperator(c *net.UnixConn, op Operator) {
 	case "held":
 		_ = enc.Encode(Response{OK: true, Held: op.Held()})
 	case "approve", "deny":
-		if err := op.Answer(req.ID, req.Cmd == "approve", req.Justification); err != nil {
+		if err := op.Answer(req.ID, req.Cmd == "approve", req.Justification, fmt.Sprintf("uid %d", uid), req.ForRun); err != nil {
 			_ = enc.Encode(Response{Error: err.Error()})
 			return
 		}

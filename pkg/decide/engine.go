@@ -617,7 +617,7 @@ func (e *Engine) resolveLocked(ctx context.Context, trigger string) (Resolution,
 		e.resolving = false
 		e.idle.Broadcast()
 	}()
-	r := Resolution{Scope: sc.id, Trigger: trigger, Time: e.opt.Now()}
+	r := Resolution{Scope: sc.id, Trigger: trigger}
 	var ask []*Decision
 	for _, d := range sc.held {
 		if d.Policy == Defer {
@@ -625,6 +625,9 @@ func (e *Engine) resolveLocked(ctx context.Context, trigger string) (Resolution,
 		}
 	}
 	answers := e.askOracleLocked(ctx, ask)
+	// The effects are decided when the oracle has answered (an operator
+	// may take minutes): that is the time the audit records.
+	r.Time = e.opt.Now()
 	committed := true
 	refusedPaths := map[string]bool{}
 	for _, d := range sc.held {

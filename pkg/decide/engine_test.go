@@ -688,3 +688,81 @@ func TestOriginAttribution(t *testing.T) {
 		}
 	}
 }
+
+// The operator is asked one question per effect a person would
+// recognise: a name's A and AAAA lookups and a retransmission wait on one
+// answer; a different body to the same place is its own question; an
+// answer for the run answers the same operation and target from then on;
+// the answer records who gave it and when.
+func TestOperatorQuestions(t *testing.T) {
+	op := NewOperator(10 * time.Second)
+	op.Now = func() time.Time { return time.Date(2026, 12, 1, 15, 0, 0, 0, time.UTC) }
+	dns := func(seq uint64, qtype string) DeferredEffect {
+		ev := Event{Op: "dns:query", Fields: []Field{{Name: "qname", Role: RoleTarget, Value: "github.com"}, {Name: "qtype", Role: RoleControl, Value: qtype}}}
+		k, s := questionKey(&ev)
+		return DeferredEffect{Seq: seq, Summary: "dns " + qtype, Key: k, Scope: s}
+	}
+	postBody := func(seq uint64, body string) DeferredEffect {
+		ev := Event{Op: "http:POST", Content: body, Fields: []Field{{Name: "host", Role: RoleTarget, Value: "api.example.com"}, {Name: "body", Role: RoleContent, Value: body}}}
+		k, s := questionKey(&ev)
+		return DeferredEffect{Seq: seq, Summary: "post", Key: k, Scope: s}
+	}
+	ctx := context.Background()
+	type res struct {
+		a   []OracleAnswer
+		err error
+	}
+	ask := func(ds ...DeferredEffect) chan res {
+		ch := make(chan res, 1)
+		go func() {
+			a, err := op.Decide(ctx, &View{Deferred: ds})
+			ch <- res{a, err}
+		}()
+		return ch
+	}
+	a := ask(dns(1, "A"))
+	waitPending(t, op, 1)
+	aaaa := ask(dns(2, "AAAA"), dns(3, "A"))
+	for i := 0; i < 200 && len(op.Pending()[0].Also) < 2; i++ {
+		time.Sleep(5 * time.Millisecond)
+	}
+	p := op.Pending()
+	if len(p) != 1 || len(p[0].Also) != 2 {
+		t.Fatalf("one question for a name's lookups, got %+v", p)
+	}
+	if err := op.AnswerWith(Answer{ID: 2, Verdict: Refuse, Justification: "no", By: "uid 0", ForRun: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []chan res{a, aaaa} {
+		r := <-ch
+		for _, x := range r.a {
+			if x.Verdict != Refuse || !strings.Contains(x.Justification, "the operator (uid 0) at 2026-12-01T15:00:00Z: no") {
+				t.Errorf("answer %+v", x)
+			}
+		}
+	}
+	// Remembered for the run: asked again, answered at once.
+	r := <-ask(dns(4, "AAAA"))
+	if len(r.a) != 1 || r.a[0].Verdict != Refuse || !strings.HasPrefix(r.a[0].Justification, "remembered: ") {
+		t.Errorf("a question answered for the run: %+v", r.a)
+	}
+	if len(op.Pending()) != 0 {
+		t.Errorf("pending after the answers: %+v", op.Pending())
+	}
+	// Two bodies to one place are two questions.
+	b1, b2 := ask(postBody(5, "hello")), ask(postBody(6, "secret"))
+	waitPending(t, op, 2)
+	if err := op.Answer(5, Release, "fine"); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-b1; len(r.a) != 1 || r.a[0].Verdict != Release {
+		t.Errorf("first body: %+v", r.a)
+	}
+	if p := op.Pending(); len(p) != 1 || p[0].ID != 6 {
+		t.Errorf("the second body's question: %+v", p)
+	}
+	if err := op.Answer(6, Refuse, "no"); err != nil {
+		t.Fatal(err)
+	}
+	<-b2
+}

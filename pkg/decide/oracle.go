@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -47,6 +48,12 @@ type DeferredEffect struct {
 	Summary string
 	Reason  string // the policy's one-line justification for deferring
 	Values  []ValueOrigin
+	// Key names the question a person would recognise: the operation, its
+	// gated values and a digest of its content, without control fields (a
+	// DNS name's A and AAAA lookups, or a retransmission, have one key).
+	// Scope is the operation and gated values alone: what an answer for
+	// the run covers.
+	Key, Scope string
 }
 
 // ValueOrigin states where a value of a deferred effect came from.
@@ -117,7 +124,8 @@ func (Strict) Decide(_ context.Context, v *View) ([]OracleAnswer, error) {
 	return out, nil
 }
 
-// Pending is one deferred effect waiting for the operator.
+// Pending is one question waiting for the operator: a deferred effect,
+// and the effects that ask the same (Also).
 type Pending struct {
 	ID       uint64        `json:"id"` // the effect's sequence number
 	Summary  string        `json:"summary"`
@@ -125,21 +133,43 @@ type Pending struct {
 	Values   []ValueOrigin `json:"values,omitempty"`
 	Asked    time.Time     `json:"asked"`
 	Deadline time.Time     `json:"deadline"`
+	// Key is the question (DeferredEffect.Key); Scope what an answer for
+	// the run covers (DeferredEffect.Scope).
+	Key   string `json:"key"`
+	Scope string `json:"scope"`
+	// Also are the later effects waiting on this question's answer.
+	Also []uint64 `json:"also,omitempty"`
 }
 
 // ErrNotPending is returned when answering an effect that is not waiting.
 var ErrNotPending = errors.New("decide: no pending decision with that id")
 
+// Answer is the operator's answer to a question.
+type Answer struct {
+	ID            uint64
+	Verdict       Verdict
+	Justification string
+	// By says who answered (e.g. "uid 0"), recorded with the time.
+	By string
+	// ForRun: the same question is answered so for the rest of the run.
+	ForRun bool
+}
+
 // Operator is the oracle whose answers come from a human through the CLI
-// (carbd held / approve / deny). No answer by the deadline refuses.
+// (carbd held / approve / deny / watch). One question is asked per
+// distinct effect (DeferredEffect.Key): effects that ask what a pending
+// question asks wait for its answer. An answer given for the run answers
+// the same question from then on. No answer by the deadline refuses.
 type Operator struct {
 	Timeout time.Duration // how long an effect waits; 0 means 5 minutes
 	Now     func() time.Time
 
-	mu      sync.Mutex // guards pending and answers
-	pending map[uint64]*Pending
-	answers map[uint64]OracleAnswer
-	changed chan struct{} // closed and replaced on every answer
+	mu       sync.Mutex // guards everything below
+	pending  map[uint64]*Pending
+	alias    map[uint64]uint64 // effect -> the pending question it waits on
+	answers  map[uint64]OracleAnswer
+	remember map[string]OracleAnswer // answers for the run, by question
+	changed  chan struct{}           // closed and replaced on every answer
 }
 
 // NewOperator returns an operator oracle with the given timeout.
@@ -152,7 +182,9 @@ func (o *Operator) Name() string { return "operator" }
 func (o *Operator) init() {
 	if o.pending == nil {
 		o.pending = map[uint64]*Pending{}
+		o.alias = map[uint64]uint64{}
 		o.answers = map[uint64]OracleAnswer{}
+		o.remember = map[string]OracleAnswer{}
 		o.changed = make(chan struct{})
 	}
 	if o.Now == nil {
@@ -160,14 +192,16 @@ func (o *Operator) init() {
 	}
 }
 
-// Pending lists the effects waiting for an answer, oldest first.
+// Pending lists the questions waiting for an answer, oldest first.
 func (o *Operator) Pending() []Pending {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.init()
 	out := make([]Pending, 0, len(o.pending))
 	for _, p := range o.pending {
-		out = append(out, *p)
+		cp := *p
+		cp.Also = append([]uint64(nil), p.Also...)
+		out = append(out, cp)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -175,16 +209,45 @@ func (o *Operator) Pending() []Pending {
 
 // Answer records the operator's decision on a pending effect.
 func (o *Operator) Answer(id uint64, v Verdict, justification string) error {
-	if v != Release && v != Refuse {
-		return fmt.Errorf("decide: operator answer must be release or refuse, not %v", v)
+	return o.AnswerWith(Answer{ID: id, Verdict: v, Justification: justification})
+}
+
+// AnswerWith records an answer: for the question the effect a.ID asks
+// (and every effect waiting on it), and, with ForRun, for the same
+// question asked later in the run. Who answered and when go into the
+// justification the audit records.
+func (o *Operator) AnswerWith(a Answer) error {
+	if a.Verdict != Release && a.Verdict != Refuse {
+		return fmt.Errorf("decide: operator answer must be release or refuse, not %v", a.Verdict)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.init()
-	if _, ok := o.pending[id]; !ok {
+	id := a.ID
+	if q, ok := o.alias[id]; ok {
+		id = q
+	}
+	p, ok := o.pending[id]
+	if !ok {
 		return ErrNotPending
 	}
-	o.answers[id] = OracleAnswer{Seq: id, Verdict: v, Justification: justification}
+	why := a.Justification
+	if why == "" {
+		why = "by the operator"
+	}
+	who := "the operator"
+	if a.By != "" {
+		who += " (" + a.By + ")"
+	}
+	why = fmt.Sprintf("%s at %s: %s", who, o.Now().UTC().Format(time.RFC3339), why)
+	if a.ForRun {
+		why += " [for the run: " + p.Scope + "]"
+		o.remember[p.Scope] = OracleAnswer{Verdict: a.Verdict, Justification: why}
+	}
+	for _, seq := range append([]uint64{p.ID}, p.Also...) {
+		o.answers[seq] = OracleAnswer{Seq: seq, Verdict: a.Verdict, Justification: why}
+		delete(o.alias, seq)
+	}
 	delete(o.pending, id)
 	close(o.changed)
 	o.changed = make(chan struct{})
@@ -192,7 +255,9 @@ func (o *Operator) Answer(id uint64, v Verdict, justification string) error {
 }
 
 // Decide publishes the deferred effects and waits until each is answered
-// or the deadline passes; unanswered effects are refused.
+// or the deadline passes; unanswered effects are refused. An effect whose
+// question was answered for the run is answered at once; one whose
+// question is pending waits on it.
 func (o *Operator) Decide(ctx context.Context, v *View) ([]OracleAnswer, error) {
 	timeout := o.Timeout
 	if timeout <= 0 {
@@ -201,8 +266,30 @@ func (o *Operator) Decide(ctx context.Context, v *View) ([]OracleAnswer, error) 
 	o.mu.Lock()
 	o.init()
 	now := o.Now()
+	byKey := map[string]*Pending{}
+	for _, p := range o.pending {
+		byKey[p.Key] = p
+	}
 	for _, d := range v.Deferred {
-		o.pending[d.Seq] = &Pending{ID: d.Seq, Summary: d.Summary, Reason: d.Reason, Values: d.Values, Asked: now, Deadline: now.Add(timeout)}
+		key, scope := d.Key, d.Scope
+		if key == "" {
+			key = d.Summary
+		}
+		if scope == "" {
+			scope = key
+		}
+		if a, ok := o.remember[scope]; ok {
+			o.answers[d.Seq] = OracleAnswer{Seq: d.Seq, Verdict: a.Verdict, Justification: "remembered: " + a.Justification}
+			continue
+		}
+		if p, ok := byKey[key]; ok {
+			p.Also = append(p.Also, d.Seq)
+			o.alias[d.Seq] = p.ID
+			continue
+		}
+		p := &Pending{ID: d.Seq, Summary: d.Summary, Reason: d.Reason, Values: d.Values, Asked: now, Deadline: now.Add(timeout), Key: key, Scope: scope}
+		o.pending[d.Seq] = p
+		byKey[key] = p
 	}
 	o.mu.Unlock()
 	timer := time.NewTimer(timeout)
@@ -211,7 +298,25 @@ func (o *Operator) Decide(ctx context.Context, v *View) ([]OracleAnswer, error) 
 	defer func() {
 		o.mu.Lock()
 		for _, d := range v.Deferred {
-			delete(o.pending, d.Seq)
+			if q, ok := o.alias[d.Seq]; ok {
+				if p := o.pending[q]; p != nil {
+					p.Also = slices.DeleteFunc(p.Also, func(s uint64) bool { return s == d.Seq })
+				}
+				delete(o.alias, d.Seq)
+			}
+			if p, ok := o.pending[d.Seq]; ok {
+				// Effects still waiting on this question ask it anew.
+				delete(o.pending, d.Seq)
+				if len(p.Also) > 0 {
+					np := *p
+					np.ID, np.Also = p.Also[0], append([]uint64(nil), p.Also[1:]...)
+					o.pending[np.ID] = &np
+					for _, s := range np.Also {
+						o.alias[s] = np.ID
+					}
+					delete(o.alias, np.ID)
+				}
+			}
 			delete(o.answers, d.Seq)
 		}
 		o.mu.Unlock()

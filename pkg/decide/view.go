@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"strings"
 
@@ -24,6 +25,7 @@ func (e *Engine) viewLocked(ds []*Decision) *View {
 		de := DeferredEffect{Seq: d.Seq, Reason: d.Justification}
 		if d.Event != nil {
 			de.Summary = d.Event.Summary()
+			de.Key, de.Scope = questionKey(d.Event)
 			for _, f := range d.Fields {
 				if f.Value == "" || f.Role == RoleContent {
 					continue
@@ -83,4 +85,38 @@ func firstLines(s string, n int) string {
 		lines = append(lines[:n], "…")
 	}
 	return strings.Join(lines, " ⏎ ")
+}
+
+// questionKey is an effect as the question a person answers, and the
+// scope an answer for the run covers. The scope is the operation and the
+// values of its gated target and command fields, in order; control
+// fields (a DNS query's type, an offset) are left out, so a name's A and
+// AAAA lookups are one question. The key adds a digest of the content
+// and credentials, so two requests to one place with different bodies
+// are two questions. Without gated fields, both are the summary.
+func questionKey(ev *Event) (key, scope string) {
+	var b strings.Builder
+	b.WriteString(ev.Op)
+	n := 0
+	h := sha256.New()
+	h.Write([]byte(ev.Content))
+	for _, f := range ev.Fields {
+		switch f.Role {
+		case RoleTarget, RoleCommand:
+			b.WriteString(" ")
+			b.WriteString(f.Value)
+			n++
+		case RoleCredential, RoleContent:
+			h.Write([]byte{0})
+			h.Write([]byte(f.Name))
+			h.Write([]byte{0})
+			h.Write([]byte(f.Value))
+		}
+	}
+	if n == 0 {
+		s := ev.Summary()
+		return s, s
+	}
+	scope = b.String()
+	return fmt.Sprintf("%s [%x]", scope, h.Sum(nil)[:6]), scope
 }
