@@ -46,7 +46,7 @@ deb: build
 	install -D -m 0644 README.md bin/deb/usr/share/doc/carbd/README.md
 	printf 'Package: carbd\nVersion: %s\nArchitecture: amd64\nMaintainer: carbd developers <carbd@localhost>\nSection: admin\nPriority: optional\nDepends: iptables, iproute2\nRecommends: qemu-system-common, tshark\nDescription: enforcement layer for AI agents in sandboxes\n carbd keeps every effect of an AI agent (requests, file writes) out of\n the world until it has decided, by policy, provenance and calibrated\n risk control.\n' '$(DEB_VERSION)' > bin/deb/DEBIAN/control
 	dpkg-deb --root-owner-group --build bin/deb bin/carbd_$(DEB_VERSION)_amd64.deb
-	dpkg-deb --contents bin/carbd_$(DEB_VERSION)_amd64.deb | grep -q './usr/bin/carbd$$'
+	dpkg-deb --contents bin/carbd_$(DEB_VERSION)_amd64.deb | grep './usr/bin/carbd$$' >/dev/null
 
 ## test: every test; privileged ones run as root (CI) and skip otherwise;
 ##       the committed eBPF objects must match their sources. It starts
