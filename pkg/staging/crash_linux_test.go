@@ -27,6 +27,7 @@ const (
 	envCrashWork  = "CARBD_STAGING_CRASH_WORK"
 	envCrashAt    = "CARBD_STAGING_CRASH_AT"
 	envCrashMode  = "CARBD_STAGING_CRASH_MODE"
+	envCrashLayer = "CARBD_STAGING_CRASH_LAYERS"
 )
 
 // crashLabels are staged by the child before it commits.
@@ -55,7 +56,7 @@ func TestCrashChild(t *testing.T) {
 			select {}
 		}
 	}
-	cfg := Config{WorkDir: os.Getenv(envCrashWork), StateDir: state}
+	cfg := Config{WorkDir: os.Getenv(envCrashWork), StateDir: state, LayerDir: os.Getenv(envCrashLayer)}
 	if os.Getenv(envCrashMode) == "recover" {
 		faultHook = hook
 	}
@@ -84,7 +85,20 @@ type crashCase struct {
 	idx     []byte // the index file before the commit
 }
 
-func setupCrash(t *testing.T) *crashCase {
+// setupCrash prepares a crash case; split puts the state directory on
+// a filesystem of its own (a tmpfs) and the layers and the journal
+// beside W, as carbd run does, so the commit's index images and its
+// journal are on two filesystems.
+func setupCrash(t *testing.T, split bool) *crashCase {
+	tweak := func(cfg *Config) {
+		if !split {
+			return
+		}
+		cfg.LayerDir = filepath.Join(filepath.Dir(cfg.StateDir), "layers")
+		must(t, os.MkdirAll(cfg.StateDir, 0o700))
+		must(t, unix.Mount("tmpfs", cfg.StateDir, "tmpfs", 0, "size=16m"))
+		t.Cleanup(func() { unix.Unmount(cfg.StateDir, unix.MNT_DETACH) })
+	}
 	e := newEnv(t, func(w string) {
 		writeFile(t, filepath.Join(w, "keep.txt"), "keep", 0o644)
 		writeFile(t, filepath.Join(w, "mod.txt"), "old content", 0o644)
@@ -99,7 +113,7 @@ func setupCrash(t *testing.T) *crashCase {
 		writeFile(t, filepath.Join(w, "d2f/c"), "c", 0o644)
 		writeFile(t, filepath.Join(w, "weird\nname"), "w", 0o644)
 		must(t, os.Symlink("keep.txt", filepath.Join(w, "link")))
-	}, nil)
+	}, tweak)
 	// A first commit, so that the crashing one replaces an index.
 	writeFile(t, e.m("seed.txt"), "seed", 0o644)
 	must(t, e.st.Stage("seed.txt", decide.Label{Level: 1}))
@@ -141,7 +155,7 @@ func setupCrash(t *testing.T) *crashCase {
 func runChild(t *testing.T, c *crashCase, mode string, at int) (point string, steps int) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envCrashState+"="+c.e.S, envCrashWork+"="+c.e.W,
+	cmd.Env = append(os.Environ(), envCrashState+"="+c.e.S, envCrashWork+"="+c.e.W, envCrashLayer+"="+c.e.cfg.LayerDir,
 		envCrashAt+"="+strconv.Itoa(at), envCrashMode+"="+mode)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -225,9 +239,14 @@ func stripSuid(m map[string]entry) map[string]entry {
 }
 
 func TestCrashDuringCommit(t *testing.T) {
+	t.Run("one directory", func(t *testing.T) { crashDuringCommit(t, false) })
+	t.Run("state apart from the layers", func(t *testing.T) { crashDuringCommit(t, true) })
+}
+
+func crashDuringCommit(t *testing.T, split bool) {
 	seen := make(map[string]bool)
 	for k := 1; ; k++ {
-		c := setupCrash(t)
+		c := setupCrash(t, split)
 		point, steps := runChild(t, c, "commit", k)
 		if point == "" {
 			if steps != k-1 {
@@ -254,15 +273,20 @@ func TestCrashDuringCommit(t *testing.T) {
 // A crash during the recovery of a crashed commit: recovering again
 // still yields exactly the state before.
 func TestCrashDuringRecovery(t *testing.T) {
+	t.Run("one directory", func(t *testing.T) { crashDuringRecovery(t, false) })
+	t.Run("state apart from the layers", func(t *testing.T) { crashDuringRecovery(t, true) })
+}
+
+func crashDuringRecovery(t *testing.T, split bool) {
 	// Find the steps of a full commit and crash after half of its
 	// operations are applied (most to roll back).
-	c := setupCrash(t)
+	c := setupCrash(t, split)
 	_, total := runChild(t, c, "commit", 1<<30)
 	c.verify(t, true, "full commit")
 	applyAt := total * 3 / 4
 	seen := make(map[string]bool)
 	for j := 1; ; j++ {
-		c := setupCrash(t)
+		c := setupCrash(t, split)
 		point, _ := runChild(t, c, "commit", applyAt)
 		if committedAt(point) || !strings.HasPrefix(point, "apply") {
 			t.Fatalf("step %d of %d is %s, not in the apply phase", applyAt, total, point)
