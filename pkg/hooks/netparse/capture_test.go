@@ -18,14 +18,13 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
-	"github.com/vishvananda/netns"
 	"golang.org/x/net/dns/dnsmessage"
 )
 
@@ -76,31 +75,14 @@ func TestCapture(t *testing.T) {
 	}
 }
 
-// inNS runs fn on a thread switched into the namespace; sockets fn creates
-// stay in it.
+// inNS runs fn inside the namespace (see internal/netnsx); sockets fn
+// creates stay in it. fn runs on its own goroutine: a t.Fatal in it marks
+// the test failed and ends fn, and inNS then stops the test.
 func inNS(t testing.TB, ns string, fn func()) {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
+	if err := netnsx.DoNamed(ns, func() error { fn(); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	defer orig.Close()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic("restore network namespace: " + err.Error())
-		}
-	}()
-	fn()
 }
 
 // startCapture runs tcpdump on the namespace's loopback. stop ends it

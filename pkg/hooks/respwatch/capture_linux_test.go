@@ -12,15 +12,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/hooks/capture"
-	"github.com/vishvananda/netns"
 )
 
 var updatePcaps = flag.Bool("update-pcaps", false, "keep the capture of TestCaptureReal as testdata/responses.pcapng")
@@ -230,29 +229,12 @@ func pipeline(t *testing.T, ns string) {
 	}
 }
 
-// inNS runs fn on a thread switched into the namespace; sockets fn
-// creates stay in it.
+// inNS runs fn inside the namespace (see internal/netnsx); sockets fn
+// creates stay in it. fn runs on its own goroutine: a t.Fatal in it marks
+// the test failed and ends fn, and inNS then stops the test.
 func inNS(t testing.TB, ns string, fn func()) {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
+	if err := netnsx.DoNamed(ns, func() error { fn(); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	defer orig.Close()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			panic("restore network namespace: " + err.Error())
-		}
-	}()
-	fn()
 }
