@@ -24,7 +24,8 @@ import (
 // the value it found and sets it only if it differs; the last one to end
 // puts back the recorded value, unless someone else changed the sysctl
 // in between (then it is left as found). Holders that died without
-// releasing are pruned by pid. The undo removes the tables and releases
+// releasing are pruned by pid; the value the first of them found is kept
+// for the next carbd to restore. The undo removes the tables and releases
 // the sysctls.
 func ApplyNAT(cfg NATConfig) (undo func() error, err error) {
 	p, err := BuildNAT(cfg)
@@ -280,13 +281,18 @@ func (h sysctlHolder) hold() error {
 		}
 		found := filepath.Join(h.dir, "found")
 		if len(ids) == 0 {
-			// The first holder: what is there now is what to restore.
-			if err := os.Remove(found); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("nfrules: sysctl %s: %w", h.s.Key, err)
-			}
-			if cur != h.s.Value {
-				if err := os.WriteFile(found, []byte(cur), 0o600); err != nil {
+			// The first holder: what is there now is what to restore,
+			// unless a carbd that died left it as carbd wants it: then
+			// what that one found still is.
+			_, ferr := os.Stat(found)
+			if ferr != nil || cur != h.s.Value {
+				if err := os.Remove(found); err != nil && !errors.Is(err, os.ErrNotExist) {
 					return fmt.Errorf("nfrules: sysctl %s: %w", h.s.Key, err)
+				}
+				if cur != h.s.Value {
+					if err := os.WriteFile(found, []byte(cur), 0o600); err != nil {
+						return fmt.Errorf("nfrules: sysctl %s: %w", h.s.Key, err)
+					}
 				}
 			}
 		}

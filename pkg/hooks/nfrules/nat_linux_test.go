@@ -139,6 +139,28 @@ func TestNATForwardingRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("dead holder", "0", "0")
+
+	// A carbd that died holding forwarding: the next one restores what
+	// the dead one found, not what it left.
+	if _, err := nfrules.ApplyNAT(cfg("e")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nfrules.RemoveNAT(cfg("e")) })
+	for _, k := range []string{fwd4, fwd6} {
+		if err := os.WriteFile(filepath.Join(filepath.Dir(filepath.Dir(matches[0])), k, "holders", "e"),
+			[]byte(strconv.Itoa(dead.Process.Pid)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want("e died holding", "1", "1")
+	undo, err = nfrules.ApplyNAT(cfg("f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	want("after a dead holder", "0", "0")
 }
 
 // TestNATMasquerades: with the plan applied in the router namespace, the
