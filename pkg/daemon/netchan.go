@@ -246,7 +246,7 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 		hold = d.cfg.Operator.Timeout + 5*time.Second
 	}
 	loop, err := nfq.New(nfq.Config{QueueNum: nc.plan.Queue, MaxQueueLen: 4096, Decider: nc, Datapath: dp,
-		HoldTimeout: hold, Logger: d.log.With("channel", "net")})
+		HoldTimeout: hold, DNSRefusal: true, Logger: d.log.With("channel", "net")})
 	if err != nil {
 		return err
 	}

@@ -54,6 +54,7 @@ type unreachInfo struct {
 	orig    []byte  // the refused IP packet
 	hw      [6]byte // the client's MAC
 	ifindex uint32
+	dns     bool // a DNS query to answer NXDOMAIN (Config.DNSRefusal)
 }
 
 // rstInfo is what a RST to the client of a refused TCP flow needs.
@@ -983,7 +984,8 @@ func (w *worker) applyDatagram(e *effect) {
 		// for an answer that never comes (a resolver's timeout).
 		last := e.packets[len(e.packets)-1]
 		if last.hasHW && len(last.data) > 0 {
-			if err := w.c.out.unreachable(unreachInfo{orig: last.data, hw: last.hw, ifindex: last.indev}); err != nil {
+			dns := w.c.cfg.DNSRefusal && e.ev != nil && e.ev.Op == "dns:query"
+			if err := w.c.out.unreachable(unreachInfo{orig: last.data, hw: last.hw, ifindex: last.indev, dns: dns}); err != nil {
 				w.c.rstErrs.Add(1)
 			} else {
 				w.c.unreach.Add(1)

@@ -121,6 +121,12 @@ func (s *rstSender) sendUnreachable(u unreachInfo) error {
 	if err != nil {
 		return fmt.Errorf("nfq: unreachable: %w", err)
 	}
+	if u.dns {
+		if frame, v6, err := nxdomainFrame(u, src); err == nil {
+			return s.write(frame, u.ifindex, u.hw, v6)
+		}
+		// Not a DNS message carbd can answer: the ICMP error.
+	}
 	frame, v6, err := unreachFrame(u, src)
 	if err != nil {
 		return err

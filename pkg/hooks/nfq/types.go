@@ -201,6 +201,12 @@ type Config struct {
 	// "administratively prohibited" error (then they wait for their own
 	// timeouts).
 	NoReject bool
+	// DNSRefusal: a refused DNS query over UDP is answered with an
+	// NXDOMAIN response from the address it was sent to (as a DNS
+	// firewall's response policy zone answers), instead of the ICMP
+	// error: stub resolvers (glibc, c-ares, Go) then stop at once
+	// rather than retry the server. Ignored with NoReject.
+	DNSRefusal bool
 	// MarkMask and PassMark: an accepted packet goes back to netfilter
 	// (NF_REPEAT) with mark = mark&^MarkMask | PassMark, so carbd's chain
 	// returns it to the host's own rules. Default tcx.MarkMask,
