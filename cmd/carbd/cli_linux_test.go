@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
@@ -549,12 +550,13 @@ func TestCLIStatusMetricsPermission(t *testing.T) {
 	work := cliWorkdir(t)
 	calib := writeCalibration(t, bin)
 	metricsAddr := freeAddr(t)
+	textfiles := t.TempDir()
 	r := startRun(t, bin, w, work, `
 curl -sS -m 5 -o /dev/null http://api.example.com/status; echo "get=$?"
 key=$(grep -v -- ----- certs/service.pem)
 curl -sS -m 60 -X POST --data "$key" http://api.example.com/status; echo "leak=$?"
 echo done > notes.txt
-`, "--oracle", "operator", "--operator-timeout", "2m", "--calib", calib, "--metrics", metricsAddr)
+`, "--oracle", "operator", "--operator-timeout", "2m", "--calib", calib, "--metrics", metricsAddr, "--metrics-textfile", textfiles)
 
 	leak := r.pending(t, "http:POST")
 
@@ -655,8 +657,6 @@ echo done > notes.txt
 		m1 := scrape(t, url)
 		_, sts := r.statusJSON(t)
 		m2 := scrape(t, url)
-		delete(m1, `carbd_up_seconds{sandbox="`+r.id+`"}`)
-		delete(m2, `carbd_up_seconds{sandbox="`+r.id+`"}`)
 		if cmp.Equal(m1, m2) {
 			m, st = m1, sts[0]
 			break
@@ -668,25 +668,24 @@ echo done > notes.txt
 	}
 	sb := `sandbox="` + r.id + `"`
 	wantMetrics := map[string]float64{
-		`carbd_decisions_total{` + sb + `,verdict="released"}`:                 float64(st.Decisions.Released),
-		`carbd_decisions_total{` + sb + `,verdict="refused"}`:                  float64(st.Decisions.Refused),
-		`carbd_decisions_total{` + sb + `,verdict="deferred"}`:                 float64(st.Decisions.Deferred),
-		`carbd_scopes_total{outcome="committed",` + sb + `}`:                   float64(st.Decisions.Committed),
-		`carbd_scopes_total{outcome="aborted",` + sb + `}`:                     float64(st.Decisions.Aborted),
-		`carbd_held_effects{` + sb + `}`:                                       float64(len(st.Held)),
-		`carbd_ledger_score{` + sb + `}`:                                       st.Ledger.Score,
-		`carbd_ledger_lambda{` + sb + `}`:                                      st.Ledger.Lambda,
-		`carbd_queue_packets_total{outcome="queued",` + sb + `}`:               float64(st.Queue.Queued),
-		`carbd_queue_packets_total{outcome="accepted",` + sb + `}`:             float64(st.Queue.Accepted),
-		`carbd_queue_packets_total{outcome="dropped",` + sb + `}`:              float64(st.Queue.Dropped),
-		`carbd_queue_packets_total{outcome="kernel_queue_dropped",` + sb + `}`: float64(st.Queue.KernelDropped),
-		`carbd_queue_packets_total{outcome="socket_dropped",` + sb + `}`:       float64(st.Queue.SocketDropped),
-		`carbd_file_total{` + sb + `,what="events"}`:                           float64(st.Files.Events),
-		`carbd_file_total{` + sb + `,what="ringbuf_lost"}`:                     float64(st.Files.Lost),
-		`carbd_file_total{` + sb + `,what="unattributed_reads"}`:               float64(st.Files.Unattributed),
-		`carbd_file_total{` + sb + `,what="committed"}`:                        float64(st.Files.Committed),
-		`carbd_file_total{` + sb + `,what="aborted"}`:                          float64(st.Files.Aborted),
-		`carbd_file_total{` + sb + `,what="refused"}`:                          float64(st.Files.Refused),
+		`carbd_sandbox_start_time_seconds{` + sb + `}`:                      float64(st.Started.UnixNano()) / 1e9,
+		`carbd_decisions_total{` + sb + `,verdict="released"}`:              float64(st.Decisions.Released),
+		`carbd_decisions_total{` + sb + `,verdict="refused"}`:               float64(st.Decisions.Refused),
+		`carbd_deferred_total{` + sb + `}`:                                  float64(st.Decisions.Deferred),
+		`carbd_scopes_total{outcome="committed",` + sb + `}`:                float64(st.Decisions.Committed),
+		`carbd_scopes_total{outcome="aborted",` + sb + `}`:                  float64(st.Decisions.Aborted),
+		`carbd_held_effects{` + sb + `}`:                                    float64(len(st.Held)),
+		`carbd_ledger_score{` + sb + `}`:                                    st.Ledger.Score,
+		`carbd_ledger_lambda{` + sb + `}`:                                   st.Ledger.Lambda,
+		`carbd_queue_packets_total{` + sb + `}`:                             float64(st.Queue.Queued),
+		`carbd_queue_overflow_drops_total{` + sb + `,where="kernel_queue"}`: float64(st.Queue.KernelDropped),
+		`carbd_queue_overflow_drops_total{` + sb + `,where="socket"}`:       float64(st.Queue.SocketDropped),
+		`carbd_file_events_total{` + sb + `}`:                               float64(st.Files.Events),
+		`carbd_file_events_lost_total{` + sb + `}`:                          float64(st.Files.Lost),
+		`carbd_file_unattributed_reads_total{` + sb + `}`:                   float64(st.Files.Unattributed),
+		`carbd_file_changes_total{outcome="committed",` + sb + `}`:          float64(st.Files.Committed),
+		`carbd_file_changes_total{outcome="aborted",` + sb + `}`:            float64(st.Files.Aborted),
+		`carbd_file_changes_total{outcome="refused",` + sb + `}`:            float64(st.Files.Refused),
 	}
 	for reason, v := range st.Datapath {
 		wantMetrics[`carbd_datapath_packets_total{reason="`+reason+`",`+sb+`}`] = float64(v)
@@ -695,11 +694,22 @@ echo done > notes.txt
 		wantMetrics[`carbd_queue_verdicts_total{reason="`+reason+`",`+sb+`}`] = float64(v)
 	}
 	gotMetrics := map[string]float64{}
+	builds := 0
 	for k, v := range m {
+		if strings.HasPrefix(k, "carbd_build_info{") {
+			if builds++; v != 1 || !strings.Contains(k, `goversion="go1.`) {
+				t.Errorf("%s %v", k, v)
+			}
+			continue
+		}
 		if strings.HasPrefix(k, "carbd_") {
 			gotMetrics[k] = v
 		}
 	}
+	if builds != 1 {
+		t.Errorf("carbd_build_info: %d series, want 1", builds)
+	}
+	lintMetrics(t, "/metrics", fetch(t, url))
 	if d := cmp.Diff(wantMetrics, gotMetrics); d != "" {
 		t.Errorf("metrics differ from status (-status +metrics):\n%s", d)
 	}
@@ -756,6 +766,41 @@ echo done > notes.txt
 	}
 	if !strings.Contains(string(audit), "it uploads the service key") {
 		t.Errorf("the operator's justification is not in the audit log")
+	}
+	// The textfile keeps the run's final counts after it ended.
+	prom, err := os.ReadFile(filepath.Join(textfiles, "carbd_"+r.id+".prom"))
+	if err != nil {
+		t.Fatalf("metrics textfile: %v", err)
+	}
+	lintMetrics(t, "textfile", prom)
+	if want := `carbd_decisions_total{sandbox="` + r.id + `",verdict="refused"} `; !strings.Contains(string(prom), want) || strings.Contains(string(prom), want+"0\n") {
+		t.Errorf("the textfile lacks the final refusal count:\n%s", prom)
+	}
+}
+
+func fetch(t *testing.T, url string) []byte {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// lintMetrics checks exposition text as promtool check metrics does.
+func lintMetrics(t *testing.T, what string, b []byte) {
+	t.Helper()
+	problems, err := promlint.New(bytes.NewReader(b)).Lint()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	for _, p := range problems {
+		t.Errorf("%s: %s: %s", what, p.Metric, p.Text)
 	}
 }
 

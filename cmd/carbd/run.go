@@ -64,7 +64,8 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	})
 	hosts := hostsFlag{}
 	fs.Var(hosts, "host", "static `name=addr[,addr]` answered by the sandbox's resolver; repeatable")
-	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on `addr` (e.g. 127.0.0.1:9464)")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on `addr` (e.g. 127.0.0.1:9464) while the run lasts")
+	metricsTextfile := fs.String("metrics-textfile", "", "write carbd_<id>.prom for node_exporter's textfile collector into `directory` (every 5 s and at the end: the final counts outlive the run)")
 	var vm daemon.VMConfig
 	fs.StringVar(&vm.Image, "vm-image", "", "VM backends: the guest image `directory` (make vmimage; default $CARBD_VMIMAGE or ./vmimage/out)")
 	fs.StringVar(&vm.Binary, "vm-binary", "", "VM backends: the hypervisor `executable` (default qemu-system-x86_64 or cloud-hypervisor)")
@@ -136,7 +137,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	}
 	cfg := daemon.Config{ID: *id, StateDir: *stateDir, PolicyPath: *policyPath, Policy: p, Workdir: *workdir, Task: *task,
 		Backend: *backend, Argv: argv, Env: agentEnv, UID: *uid, GID: *gid, Upstream: upstream, Hosts: hosts, HoldTimeout: *holdTimeout,
-		AuditPath: *auditPath, Metrics: *metricsAddr, VM: vm, Intercept: icpt, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
+		AuditPath: *auditPath, Metrics: *metricsAddr, MetricsTextfile: *metricsTextfile, VM: vm, Intercept: icpt, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
 	cfg.Intercept.Off = !*intercepting
 	switch *oracleName {
 	case "strict":

@@ -83,6 +83,10 @@ type Config struct {
 	AuditPath string
 	// Metrics, when set, is the address Prometheus metrics are served on.
 	Metrics string
+	// MetricsTextfile, when set, is a directory (node_exporter's textfile
+	// collector) where carbd_<id>.prom is rewritten every few seconds and
+	// a last time when the run ends: the run's final counts outlive it.
+	MetricsTextfile string
 	Stdin   io.Reader
 	Stdout  io.Writer
 	Stderr  io.Writer
@@ -354,6 +358,15 @@ func (d *daemon) setup(ctx context.Context) error {
 			return fmt.Errorf("metrics: %w", err)
 		}
 		d.onClose(stop)
+	}
+	if dir := d.cfg.MetricsTextfile; dir != "" {
+		if err := d.writeTextfile(dir); err != nil {
+			return fmt.Errorf("metrics textfile: %w", err)
+		}
+		tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan error, 1)
+		go func() { done <- d.textfileLoop(tctx, dir, 5*time.Second) }()
+		d.onClose(func() error { cancel(); return <-done })
 	}
 	return nil
 }

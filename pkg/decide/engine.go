@@ -506,6 +506,7 @@ func (e *Engine) labelWritesLocked(d *Decision, into map[string]Label) {
 // decideBlockingLocked asks the oracle about one deferred blocking effect
 // before it is sent.
 func (e *Engine) decideBlockingLocked(ctx context.Context, d *Decision) {
+	e.stats.Deferred++ // deferred to the oracle, then released or refused
 	answers := e.askOracleLocked(ctx, []*Decision{d})
 	a := answers[d.Seq]
 	d.Verdict, d.Layer, d.Reason.Code = a.Verdict, LayerOracle, a.code
