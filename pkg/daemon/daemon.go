@@ -633,37 +633,70 @@ func (d *daemon) summary(code int) *Summary {
 	return s
 }
 
-// WriteSummary prints the summary for a terminal.
+// summaryListMax bounds each list of the summary: the first ones, then
+// how many more (the audit log has every decision).
+const summaryListMax = 20
+
+// WriteSummary prints the summary for a terminal: the counts, then at
+// most summaryListMax entries of each list (refused first), each list's
+// remainder as a count. The audit log has every decision.
 func (s *Summary) WriteSummary(w io.Writer) {
 	fmt.Fprintf(w, "\ncarbd: sandbox %s exited with status %d", s.ID, s.ExitCode)
 	if s.Stopped {
 		fmt.Fprint(w, " (stopped by the ledger gate)")
 	}
-	fmt.Fprintf(w, "\n  released %d, refused %d, held %d\n", len(s.Released), len(s.Refused), len(s.Held))
-	for _, d := range s.Refused {
-		fmt.Fprintf(w, "  REFUSED  #%d %s\n           %s\n", d.Seq, effectLine(d), d.Justification)
+	fmt.Fprintf(w, "\n  released %d, refused %d, held %d", len(s.Released), len(s.Refused), len(s.Held))
+	if n := len(s.Committed) + len(s.Aborted) + len(s.Conflicts); n > 0 {
+		fmt.Fprintf(w, "; files: committed %d, aborted %d, conflicts %d", len(s.Committed), len(s.Aborted), len(s.Conflicts))
 	}
-	for _, d := range s.Held {
+	fmt.Fprintln(w)
+	more := func(n int, what string) {
+		if n > summaryListMax {
+			fmt.Fprintf(w, "  ... and %d more %s (the audit log has them all)\n", n-summaryListMax, what)
+		}
+	}
+	for _, d := range firstN(s.Refused) {
+		fmt.Fprintf(w, "  REFUSED  #%d %s\n           %s\n", d.Seq, effectLine(d), oneLine(d.Justification, 300))
+	}
+	more(len(s.Refused), "refused")
+	for _, d := range firstN(s.Held) {
 		fmt.Fprintf(w, "  HELD     #%d %s\n", d.Seq, effectLine(d))
 	}
-	for _, d := range s.Released {
+	more(len(s.Held), "held")
+	for _, d := range firstN(s.Released) {
 		fmt.Fprintf(w, "  released #%d %s\n", d.Seq, effectLine(d))
 	}
-	if len(s.Committed) > 0 {
-		fmt.Fprintf(w, "  committed to the working directory: %s\n", strings.Join(s.Committed, ", "))
+	more(len(s.Released), "released")
+	names := func(what string, l []string) {
+		if len(l) == 0 {
+			return
+		}
+		fmt.Fprintf(w, "  %s: %s", what, strings.Join(firstN(l), ", "))
+		if len(l) > summaryListMax {
+			fmt.Fprintf(w, " and %d more", len(l)-summaryListMax)
+		}
+		fmt.Fprintln(w)
 	}
-	if len(s.Aborted) > 0 {
-		fmt.Fprintf(w, "  aborted (never reached the working directory): %s\n", strings.Join(s.Aborted, ", "))
-	}
-	for _, r := range s.FileRefusals {
+	names("committed to the working directory", s.Committed)
+	names("aborted (never reached the working directory)", s.Aborted)
+	for _, r := range firstN(s.FileRefusals) {
 		fmt.Fprintf(w, "  staging refused: %s\n", r)
 	}
-	for _, c := range s.Conflicts {
+	more(len(s.FileRefusals), "staging refusals")
+	for _, c := range firstN(s.Conflicts) {
 		fmt.Fprintf(w, "  CONFLICT %s\n", c)
 	}
+	more(len(s.Conflicts), "conflicts")
 	if len(s.Conflicts) > 0 {
 		fmt.Fprintf(w, "  (the working directory keeps the user's version of each conflict; see docs/operator.md, \"Conflicts\")\n")
 	}
+}
+
+func firstN[T any](l []T) []T {
+	if len(l) > summaryListMax {
+		return l[:summaryListMax]
+	}
+	return l
 }
 
 func effectLine(d decide.Decision) string {
