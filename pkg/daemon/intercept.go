@@ -37,6 +37,11 @@ type InterceptConfig struct {
 	UpstreamCAs []string
 	// Ports are the TCP ports redirected to the interception; default 443.
 	Ports []uint16
+	// KeyLog, when set, is a file (created 0600, appended to) that gets
+	// the TLS secrets of both legs of every intercepted connection in
+	// the NSS key log format (SSLKEYLOGFILE), for tools other than the
+	// pcapng audit, which carries the guest leg's secrets itself.
+	KeyLog string
 }
 
 // guestBundle is where the guest finds the CAs it trusts: the system
@@ -56,7 +61,8 @@ type interceptor struct {
 	proxy  *intercept.Proxy
 	ln     net.Listener
 	port   uint16
-	bundle string // the guest's bundle: the host's roots and carbd's CA
+	bundle string   // the guest's bundle: the host's roots and carbd's CA
+	keylog *os.File // InterceptConfig.KeyLog, or nil
 
 	mu      sync.Mutex
 	waiting map[uint64]chan decide.Decision // held requests by effect
@@ -100,15 +106,59 @@ func (nc *netChannel) startIntercept() (*interceptor, error) {
 		return nil, fmt.Errorf("interception: the guest's bundle: %w", err)
 	}
 	ic := &interceptor{nc: nc, ca: ca, bundle: bundle, waiting: map[uint64]chan decide.Decision{}}
-	ic.proxy, err = intercept.New(intercept.Config{
+	cfg := intercept.Config{
 		CA: ca, Decider: ic, Observe: ic.observe, Refused: ic.refused, Connect: ic.connect,
 		UpstreamCAFiles: d.cfg.Intercept.UpstreamCAs, OrigDst: ic.origDst,
-		Logger: d.log.With("channel", "intercept"),
-	})
+		ClientKeyLog: captureKeyLog{nc},
+		Logger:       d.log.With("channel", "intercept"),
+	}
+	if p := d.cfg.Intercept.KeyLog; p != "" {
+		f, err := openKeyLog(p)
+		if err != nil {
+			return nil, fmt.Errorf("interception: key log: %w", err)
+		}
+		ic.keylog, cfg.KeyLog = f, f
+	}
+	ic.proxy, err = intercept.New(cfg)
 	if err != nil {
+		ic.closeKeyLog()
 		return nil, err
 	}
 	return ic, nil
+}
+
+// openKeyLog opens (or creates) a key log file for appending, readable
+// by its owner only, whatever mode it had.
+func openKeyLog(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (ic *interceptor) closeKeyLog() error {
+	if ic.keylog == nil {
+		return nil
+	}
+	return ic.keylog.Close()
+}
+
+// captureKeyLog hands the guest leg's TLS secrets to the sandbox's
+// capture, whose pcapng export carries them as a Decryption Secrets
+// Block (the capture is on the sandbox's link: it sees that leg). The
+// capture starts before the interception serves.
+type captureKeyLog struct{ nc *netChannel }
+
+func (k captureKeyLog) Write(p []byte) (int, error) {
+	if c := k.nc.cap; c != nil {
+		return c.KeyLog().Write(p)
+	}
+	return len(p), nil
 }
 
 // listen opens the listener the NAT plan redirects to: one for both
@@ -287,15 +337,18 @@ func (ic *interceptor) refused(req *intercept.Request, notice string) {
 }
 
 // close stops accepting; the proxy's connections end with its context.
+// The key log is closed too: close runs after the proxy has stopped.
 func (ic *interceptor) close() error {
-	if ic == nil || ic.ln == nil {
+	if ic == nil {
 		return nil
 	}
-	err := ic.ln.Close()
-	if errors.Is(err, net.ErrClosed) {
-		err = nil
+	var err error
+	if ic.ln != nil {
+		if err = ic.ln.Close(); errors.Is(err, net.ErrClosed) {
+			err = nil
+		}
 	}
-	return err
+	return errors.Join(err, ic.closeKeyLog())
 }
 
 // finalOf returns an effect's final decision, once it has one.

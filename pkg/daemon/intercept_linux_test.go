@@ -397,3 +397,99 @@ func TestInterceptClients(t *testing.T) {
 		}
 	}
 }
+
+// The audit of intercepted HTTPS: the pcapng export carries the guest
+// leg's TLS secrets as a Decryption Secrets Block, so tshark shows the
+// decrypted requests (HTTP/1.1 and HTTP/2) with nothing but the file;
+// InterceptConfig.KeyLog (carbd run --keylog) gets both legs' secrets,
+// in a file only its owner reads.
+func TestInterceptKeylogPcapng(t *testing.T) {
+	testutil.RequireTool(t, "curl")
+	tshark := testutil.RequireTool(t, "tshark")
+	w := newWorld(t, 98)
+	tw := serveTLSWorld(t, w, visibleDir(t))
+	work := secretWorkdir(t)
+	p, err := decide.ParsePolicy("intercept.yaml", []byte(interceptPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, id := t.TempDir(), testutil.UniqueName("i")
+	keylog := filepath.Join(t.TempDir(), "keys.log")
+	script := `set -u
+U=https://api.example.com
+curl -sS -m 20 --http1.1 $U/pcap/h1 -o /dev/null -w 'h1=%{http_code}\n'
+curl -sS -m 20 --http2 $U/pcap/h2 -o /dev/null -w 'h2=%{http_code}\n'
+key=$(grep -v -- ----- certs/service.pem)
+curl -sS -m 20 --http1.1 --data-binary "$key" $U/pcap/refused -o /dev/null -w 'refused=%{http_code}\n'
+echo audit-now
+i=0; while [ ! -e /run/carbd/audited ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+`
+	out := &syncBuffer{}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, Config{ID: id, StateDir: state, Policy: p, PolicyPath: "intercept.yaml",
+			Workdir: work, Task: "Fetch https://api.example.com/pcap", Argv: []string{"/bin/sh", "-c", script},
+			UID: sandboxUID, GID: sandboxUID, Hosts: map[string][]netip.Addr{"api.example.com": {w.addr}},
+			HoldTimeout: 3 * time.Second, Stdout: out, Stderr: out,
+			Intercept: InterceptConfig{CADir: t.TempDir(), UpstreamCAs: []string{tw.caFile}, KeyLog: keylog}})
+		done <- err
+	}()
+	waitFor(t, 2*time.Minute, "the agent's requests", out, func() bool { return strings.Contains(out.String(), "audit-now") })
+	pcap := filepath.Join(t.TempDir(), "audit.pcapng")
+	f, err := os.Create(pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (Client{Path: filepath.Join(state, "sandboxes", id, "operator.sock")}).Do(Request{Cmd: "audit"}, f); err != nil {
+		t.Fatalf("audit export: %v", err)
+	}
+	f.Close()
+	if err := os.WriteFile(filepath.Join(state, "sandboxes", id, "agent", "audited"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	text := out.String()
+	for _, want := range []string{"h1=200", "h2=200", "refused=403"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the agent saw no %s:\n%s", want, text)
+		}
+	}
+	fields, err := exec.Command(tshark, "-r", pcap, "-Y", "http.request || http2.type == 1", "-T", "fields", "-E", "separator=|",
+		"-e", "http.request.method", "-e", "http.request.uri", "-e", "http2.headers.path", "-e", "frame.comment").CombinedOutput()
+	if err != nil {
+		t.Fatalf("tshark: %v\n%s", err, fields)
+	}
+	t.Logf("tshark:\n%s", fields)
+	for _, want := range []string{"GET|/pcap/h1|", "POST|/pcap/refused|", "/pcap/h2"} {
+		if !strings.Contains(string(fields), want) {
+			t.Errorf("tshark does not show the decrypted request %q", want)
+		}
+	}
+	st, err := os.Stat(keylog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("key log mode %v, want 0600", st.Mode().Perm())
+	}
+	b, err := os.ReadFile(keylog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	randoms := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && len(f[1]) == 64 {
+			randoms[f[1]] = true
+		} else {
+			t.Errorf("key log line %q is not in the NSS format", l)
+		}
+	}
+	// Three connections, each with two legs.
+	if len(randoms) < 6 {
+		t.Errorf("the key log has %d connections' secrets, want both legs of 3 connections", len(randoms))
+	}
+}

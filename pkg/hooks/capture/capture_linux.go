@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -38,6 +39,7 @@ type Capture struct {
 	bytes    int
 	maxBytes int
 	dropped  uint64
+	keylog   []byte // NSS key log lines, the newest MaxKeyLogBytes
 	closing  bool
 	done     chan struct{}
 }
@@ -168,12 +170,52 @@ func (c *Capture) Records() ([]Record, uint64) {
 	return append([]Record(nil), c.recs...), c.dropped
 }
 
-// WritePcapng exports the capture, annotating each frame.
+// MaxKeyLogBytes bounds the TLS key log a Capture keeps: the oldest
+// lines go first (their connections' frames are likely gone too).
+const MaxKeyLogBytes = 4 << 20
+
+// KeyLog returns a writer (crypto/tls's KeyLogWriter) whose NSS key log
+// lines the export carries as a Decryption Secrets Block before the
+// frames, so that readers (tshark, Wireshark) decrypt the TLS they
+// carry. Safe for concurrent use.
+func (c *Capture) KeyLog() io.Writer { return keyLogWriter{c} }
+
+type keyLogWriter struct{ c *Capture }
+
+// Write keeps whole lines, as crypto/tls writes them.
+func (k keyLogWriter) Write(lines []byte) (int, error) {
+	c := k.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.keylog = append(c.keylog, lines...)
+	if over := len(c.keylog) - MaxKeyLogBytes; over > 0 {
+		cut := over
+		if i := bytes.IndexByte(c.keylog[over:], '\n'); i >= 0 {
+			cut += i + 1
+		} else {
+			cut = len(c.keylog)
+		}
+		c.keylog = append(c.keylog[:0], c.keylog[cut:]...)
+	}
+	return len(lines), nil
+}
+
+// WritePcapng exports the capture, annotating each frame; the TLS key
+// log lines written to the Capture come first, as a Decryption Secrets
+// Block.
 func (c *Capture) WritePcapng(w io.Writer, annotate func(Record) Annotation) error {
 	recs, _ := c.Records()
+	c.mu.Lock()
+	keylog := append([]byte(nil), c.keylog...)
+	c.mu.Unlock()
 	pw, err := NewWriter(w, c.ifname, LinkTypeEthernet, uint32(c.snaplen))
 	if err != nil {
 		return err
+	}
+	if len(keylog) > 0 {
+		if err := pw.WriteSecrets(SecretsTLSKeyLog, keylog); err != nil {
+			return err
+		}
 	}
 	for _, r := range recs {
 		var a Annotation

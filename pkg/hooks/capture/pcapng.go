@@ -3,7 +3,10 @@
 // flow carries carbd's verdict and reason: as a packet comment
 // (opt_comment) and as the pcapng verdict option (epb_verdict, type
 // Linux eBPF TC, with the TC action: TC_ACT_OK for released, TC_ACT_SHOT
-// for refused), so `tshark -T fields -e frame.comment` shows why.
+// for refused), so `tshark -T fields -e frame.comment` shows why. TLS
+// key log lines given to the Capture (the interception's guest leg) come
+// as a Decryption Secrets Block (type 0x0A, secrets type TLSK) ahead of
+// the packets, so `tshark -r` shows intercepted HTTPS decrypted.
 //
 // # Requirements
 //
@@ -28,6 +31,7 @@ const (
 	blockSHB = 0x0A0D0D0A
 	blockIDB = 0x00000001
 	blockEPB = 0x00000006
+	blockDSB = 0x0000000A
 
 	byteOrderMagic = 0x1A2B3C4D
 
@@ -43,6 +47,10 @@ const (
 	// LinkTypeEthernet is DLT_EN10MB; LinkTypeRaw is raw IPv4/IPv6.
 	LinkTypeEthernet = 1
 	LinkTypeRaw      = 101
+
+	// SecretsTLSKeyLog is the Decryption Secrets Block's secrets type for
+	// TLS key log lines in the NSS format (SSLKEYLOGFILE).
+	SecretsTLSKeyLog = 0x544c534b
 
 	verdictTypeTC = 1 // epb_verdict type: Linux eBPF TC
 	tcActOK       = 0
@@ -158,6 +166,27 @@ func (pw *Writer) WritePacket(ts time.Time, data []byte, origLen int, dir Direct
 	b = le16(b, 0)
 	b = finish(b)
 	pw.buf = b
+	_, err := pw.w.Write(b)
+	return err
+}
+
+// WriteSecrets writes a Decryption Secrets Block: typ (SecretsTLSKeyLog)
+// and its data, which readers apply to the packets after it, so it is
+// written before them.
+func (pw *Writer) WriteSecrets(typ uint32, data []byte) error {
+	if uint64(len(data)) > 1<<31 {
+		return errors.New("capture: decryption secrets too long")
+	}
+	b := make([]byte, 0, 24+len(data))
+	b = le32(b, blockDSB)
+	b = le32(b, 0)
+	b = le32(b, typ)
+	b = le32(b, uint32(len(data)))
+	b = append(b, data...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	b = finish(b)
 	_, err := pw.w.Write(b)
 	return err
 }

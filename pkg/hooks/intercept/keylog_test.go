@@ -25,12 +25,16 @@ func keyLines(t *testing.T, b []byte) map[string]string {
 }
 
 // TestKeyLog: the proxy's key log holds the secrets of both legs, equal
-// to those the client and the world logged themselves.
+// to those the client and the world logged themselves; its client-leg
+// key log (for the capture on the sandbox's link) exactly the client's.
 func TestKeyLog(t *testing.T) {
 	w := newWorld(t)
 	var mu sync.Mutex
-	var proxyLog bytes.Buffer
-	tp := newTestProxy(t, w, func(c *Config) { c.KeyLog = lockedWriter{&mu, &proxyLog} })
+	var proxyLog, clientLeg bytes.Buffer
+	tp := newTestProxy(t, w, func(c *Config) {
+		c.KeyLog = lockedWriter{&mu, &proxyLog}
+		c.ClientKeyLog = lockedWriter{&mu, &clientLeg}
+	})
 	var clientLog bytes.Buffer
 	for _, h2 := range []bool{false, true} {
 		c := goClient(tp, h2)
@@ -42,6 +46,7 @@ func TestKeyLog(t *testing.T) {
 	}
 	mu.Lock()
 	proxy := keyLines(t, proxyLog.Bytes())
+	leg := keyLines(t, clientLeg.Bytes())
 	mu.Unlock()
 	w.mu.Lock()
 	world := keyLines(t, w.keyLog.Bytes())
@@ -56,6 +61,14 @@ func TestKeyLog(t *testing.T) {
 				t.Errorf("%s's secret %s missing from the proxy's key log", name, k)
 			}
 		}
+	}
+	for k, v := range client {
+		if leg[k] != v {
+			t.Errorf("the client's secret %s missing from the client-leg key log", k)
+		}
+	}
+	if len(leg) != len(client) {
+		t.Errorf("client-leg key log has %d secrets, the client logged %d", len(leg), len(client))
 	}
 	if len(proxy) != len(client)+len(world) {
 		t.Errorf("proxy logged %d secrets, client %d, world %d", len(proxy), len(client), len(world))

@@ -106,6 +106,10 @@ type Config struct {
 	// KeyLog receives the TLS secrets of both legs in the NSS key log
 	// format (SSLKEYLOGFILE). Writes are serialized by crypto/tls.
 	KeyLog io.Writer
+	// ClientKeyLog receives the secrets of the client leg only (the
+	// guest's connection to carbd, what a capture on the sandbox's link
+	// sees), besides KeyLog.
+	ClientKeyLog io.Writer
 	// Dial connects upstream; nil: a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// HandshakeTimeout bounds the upstream dial and both handshakes.
@@ -131,9 +135,10 @@ type Config struct {
 // Proxy terminates intercepted TLS connections and relays the HTTP
 // requests its Decider releases. It is safe for concurrent use.
 type Proxy struct {
-	cfg   Config
-	roots *x509.CertPool
-	log   *slog.Logger
+	cfg          Config
+	roots        *x509.CertPool
+	log          *slog.Logger
+	clientKeyLog io.Writer // KeyLog and ClientKeyLog
 }
 
 // New checks the configuration and loads the upstream CA files.
@@ -180,7 +185,14 @@ func New(cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Proxy{cfg: cfg, roots: roots, log: log}, nil
+	clientKeyLog := cfg.KeyLog
+	switch {
+	case cfg.ClientKeyLog != nil && cfg.KeyLog != nil:
+		clientKeyLog = io.MultiWriter(cfg.KeyLog, cfg.ClientKeyLog)
+	case cfg.ClientKeyLog != nil:
+		clientKeyLog = cfg.ClientKeyLog
+	}
+	return &Proxy{cfg: cfg, roots: roots, log: log, clientKeyLog: clientKeyLog}, nil
 }
 
 // Serve accepts connections from ln and handles each on its own
@@ -309,7 +321,7 @@ func (c *conn) clientConfig(ctx context.Context, hello *tls.ClientHelloInfo) (*t
 	cfg := &tls.Config{
 		Certificates: []tls.Certificate{*leaf},
 		MinVersion:   tls.VersionTLS12,
-		KeyLogWriter: c.p.cfg.KeyLog,
+		KeyLogWriter: c.p.clientKeyLog,
 	}
 	switch {
 	case c.upErr != nil:
