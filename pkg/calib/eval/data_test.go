@@ -67,6 +67,7 @@ func TestRealCacheMatchesFreshReplay(t *testing.T) {
 		t.Skip("replays real runs")
 	}
 	p := loadReal(t)
+	resetCaches(p) // the pipeline is shared by the tests of this process (-count=2 runs them twice)
 	checkCache(t, p.Episodes[:min(len(p.Episodes), 200)], 300)
 }
 
