@@ -80,6 +80,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	intercepting := fs.Bool("intercept", true, "intercept the guest's HTTPS (TCP 443) and decide it request by request (netns backend); false: TLS is opaque, decided by server name as carrying everything read so far")
 	fs.StringVar(&icpt.CACert, "ca-cert", "", "interception CA certificate `file` (PEM; with --ca-key; default: the host's CA, created once under "+daemon.DefaultCADir+")")
 	fs.StringVar(&icpt.CAKey, "ca-key", "", "interception CA key `file` (PEM)")
+	fs.StringVar(&icpt.KeyLog, "keylog", "", "append the TLS secrets of both legs of every intercepted connection to `file` (NSS key log, SSLKEYLOGFILE; mode 0600); the pcapng audit carries the guest leg's itself")
 	fs.Func("upstream-ca", "PEM `file` of a CA trusted for the world's servers besides the host's roots; repeatable", func(s string) error {
 		icpt.UpstreamCAs = append(icpt.UpstreamCAs, s)
 		return nil
