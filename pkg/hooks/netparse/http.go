@@ -167,7 +167,10 @@ type reqScan struct {
 	leadDone bool // lead is final
 	lineAt   int  // start of the head line not complete yet
 	seen     int  // bytes from lineAt already known to hold no LF
-	headLen  int  // 0 until the head is complete; includes lead
+	// prefixOK: the request line's first prefixCheckMax bytes passed
+	// requestPrefixOK.
+	prefixOK bool
+	headLen  int // 0 until the head is complete; includes lead
 	framing  uint8
 	length   int64
 	expect   bool // Expect: 100-continue
@@ -229,9 +232,12 @@ func (s *reqScan) advance(b []byte, cfg *Config, req *HTTPRequest) (scanStatus, 
 			if j < 0 {
 				s.seen = len(view) - s.lineAt
 				final := len(b) >= cfg.MaxHeaderBytes
-				if s.lineAt == s.lead && (final && !httpPrefixOK(view) || !requestPrefixOK(view)) {
+				if s.lineAt == s.lead && (final && !httpPrefixOK(view) || !s.prefixOK && !requestPrefixOK(view)) {
 					return scanBad, 0, fmt.Errorf("%w %q", errRequestLine, clip(view[s.lead:], 64))
 				}
+				// Once its first prefixCheckMax bytes passed, the partial
+				// check cannot change its answer.
+				s.prefixOK = s.prefixOK || s.lineAt == s.lead && len(view)-s.lead >= prefixCheckMax
 				if final {
 					return scanHeadBig, 0, nil
 				}

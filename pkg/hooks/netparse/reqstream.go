@@ -84,7 +84,7 @@ func (h *httpFramer) fillHead(e *Effect, b []byte, cfg *Config) int64 {
 	r.BodyLen, r.Chunked = s.length, s.framing == frameChunked
 	n := int64(s.headLen)
 	h.headCopy = append(h.headCopy[:0], b[s.lead:s.headLen]...)
-	s.bodyOnly, s.expect, s.headLen, s.lead, s.lineAt, s.seen, s.leadDone = true, false, 0, 0, 0, 0, false
+	s.bodyOnly, s.expect, s.headLen, s.lead, s.lineAt, s.seen, s.leadDone, s.prefixOK = true, false, 0, 0, 0, 0, false, false
 	h.seen = true
 	return n
 }
