@@ -96,6 +96,8 @@ printf 'header = "X-Api-Key: %s"\n' "$INLINE_KEY" > /tmp/h2
 curl -sS -m 5 -K /tmp/h2 http://api.example.com/inline; echo "inlinereq=$?"
 printf 'data = "%s"\n' "$FILE_TOKEN" > /tmp/h3
 curl -sS -m 5 -K /tmp/h3 http://api.example.com/upload; echo "filereq=$?"
+touch /run/carbd/sent
+wait_for end
 `
 	r := startRun(t, bin, &world{addr: w.addr}, work, script, "--host", "other.example.com="+w.addr.String(),
 		"--task", "Fetch http://api.example.com/status, http://api.example.com/inline and http://other.example.com/x",
@@ -127,11 +129,19 @@ curl -sS -m 5 -K /tmp/h3 http://api.example.com/upload; echo "filereq=$?"
 	if !carbdSeen {
 		t.Errorf("carbd's own command line was not found among %d processes", len(procs))
 	}
-	code, status, errOut := r.cli(t, "status", "--json")
-	if code != 0 {
-		t.Errorf("status: exit %d: %s", code, errOut)
-	}
 	if err := os.WriteFile(filepath.Join(agentDir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The status once the requests are decided.
+	waitFor(t, 60*time.Second, "the agent's requests", r.out, func() bool {
+		_, err := os.Stat(filepath.Join(agentDir, "sent"))
+		return err == nil
+	})
+	code, status, errOut := r.cli(t, "status", "--json")
+	if code != 0 || !strings.Contains(status, `"refused": 2`) {
+		t.Errorf("status: exit %d: %s\n%s", code, errOut, status)
+	}
+	if err := os.WriteFile(filepath.Join(agentDir, "end"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	select {
