@@ -9,7 +9,7 @@ APT_PKGS := clang-14 llvm-14 libbpf-dev bpftool iptables nftables iperf3 \
             iproute2 kmod ca-certificates make zsh fish groff-base
 BIN      := bin/carbd
 
-.PHONY: all setup build install deb test test-fresh test-short e2e bench demo generate check-generated fuzz fuzz-long clean vmimage
+.PHONY: all setup build install deb lint test test-fresh test-short e2e bench demo generate check-generated fuzz fuzz-long clean vmimage
 
 all: build
 
@@ -51,9 +51,17 @@ deb: build
 ## test: every test; privileged ones run as root (CI) and skip otherwise;
 ##       the committed eBPF objects must match their sources. It starts
 ##       with test-fresh, so every run starts from a new machine's state.
-test: check-generated test-fresh
-	$(GO) vet ./...
+test: check-generated test-fresh lint
 	CARBD_CI=$${CARBD_CI:-} $(GO) test -count=1 -timeout 20m ./...
+
+## lint: gofmt, go vet, staticcheck (pinned as a tool in go.mod) and a
+##       tidy go.mod, as make test runs them
+lint:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) vet -tags e2e ./internal/e2e/...
+	$(GO) tool staticcheck ./...
+	$(GO) mod tidy -diff
 
 ## test-fresh: put the machine, for what the tests are known to depend on,
 ##       in the state of a new one (.ci/fresh-state): remove /run/virtiofsd

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,10 +73,7 @@ func carbdBinary(t *testing.T) string {
 		if b.err = os.Chmod(b.dir, 0o755); b.err != nil {
 			return
 		}
-		gotool, err := exec.LookPath("go")
-		if err != nil {
-			gotool = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
+		gotool := testutil.GoTool()
 		b.path = filepath.Join(b.dir, "carbd")
 		cmd := exec.Command(gotool, "build", "-o", b.path, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -102,3 +102,12 @@ func WaitLinkReady(tb testing.TB, ns, dev string) {
 	}
 	tb.Fatalf("link %s in %s not ready to transmit after 60s (%s)", dev, ns, last)
 }
+
+// GoTool is the go command for tests that build a binary: the one on
+// PATH, else the toolchain's usual place on these machines.
+func GoTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "/usr/local/go/bin/go"
+}

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -237,5 +236,3 @@ func (c Client) Do(req Request, raw io.Writer) (*Response, error) {
 
 // ID is the sandbox id of a socket path.
 func (c Client) ID() string { return filepath.Base(filepath.Dir(c.Path)) }
-
-func itoa(n uint64) string { return strconv.FormatUint(n, 10) }

@@ -107,12 +107,11 @@ type traceEntry struct {
 
 // scope is the open speculative scope.
 type scope struct {
-	id      uint64
-	opened  time.Time
-	trigger string
-	held    []*Decision
-	tLen    int              // len(T) when the scope opened
-	loc     map[string]Label // location labels admitted within the scope
+	id     uint64
+	opened time.Time
+	held   []*Decision
+	tLen   int              // len(T) when the scope opened
+	loc    map[string]Label // location labels admitted within the scope
 }
 
 // Stats count the engine's decisions.

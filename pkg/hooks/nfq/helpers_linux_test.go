@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -534,8 +533,6 @@ func run(ns string, name string, args ...string) (string, int) {
 	}
 	return string(out), 0
 }
-
-func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 // wire counts the frames seen on interface dev in ns (an AF_PACKET
 // socket, as tcpdump would) that contain pattern: what reached the

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -76,10 +75,7 @@ func image(t *testing.T) vmimage.Image {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		goBin, err := exec.LookPath("go")
-		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
+		goBin := testutil.GoTool()
 		out, err := exec.CommandContext(ctx, "make", "-C", filepath.Join(dir, "vmimage"), "GO="+goBin).CombinedOutput()
 		if err != nil {
 			buildOnce.err = fmt.Errorf("make -C vmimage: %v\n%s", err, out)
