@@ -53,3 +53,23 @@ func TestPurePackagesImportNoKernelCode(t *testing.T) {
 		}
 	}
 }
+
+// The kernel adapters and the staging layer are below the daemon: none of
+// them imports it (or the command), so they stay usable and testable on
+// their own.
+func TestLowerLayersImportNoDaemon(t *testing.T) {
+	upper := []string{"github.com/carbd/carbd/pkg/daemon", "github.com/carbd/carbd/cmd"}
+	for _, pkg := range []string{"github.com/carbd/carbd/pkg/hooks/...", "github.com/carbd/carbd/pkg/staging/...", "github.com/carbd/carbd/pkg/sandbox/..."} {
+		out, err := exec.Command("go", "list", "-deps", "-test", "-f", "{{.ImportPath}}", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, path := range strings.Fields(string(out)) {
+			for _, u := range upper {
+				if path == u || strings.HasPrefix(path, u+"/") {
+					t.Errorf("%s depends on %s", pkg, path)
+				}
+			}
+		}
+	}
+}
