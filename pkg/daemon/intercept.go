@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -244,7 +245,7 @@ func (ic *interceptor) connect(ctx context.Context, client, dst netip.AddrPort, 
 	}
 	ev := decide.Event{Ch: decide.ChanNet, Dir: decide.Out, Op: "tls:connect", Obj: fmt.Sprintf("%s:%d", obj, dst.Port()),
 		Fields: fields, Dest: &decide.Dest{Host: sni, Addr: dst.Addr().Unmap(), Port: dst.Port(), Proto: "tcp"}}
-	v := ic.decide(ctx, ev)
+	v := ic.decide(ctx, client, dst, ev)
 	if !v.Release {
 		return errors.New(v.Notice)
 	}
@@ -260,10 +261,12 @@ func (ic *interceptor) Decide(ctx context.Context, req *intercept.Request) inter
 		dst.Host = ev.Dest.Host
 	}
 	ev.Dest = &dst
-	return ic.decide(ctx, ev)
+	return ic.decide(ctx, req.Client, req.Dst, ev)
 }
 
-func (ic *interceptor) decide(ctx context.Context, ev decide.Event) intercept.Verdict {
+// decide decides one effect of the intercepted connection from client
+// to dst, and notes its final verdict for the capture's annotations.
+func (ic *interceptor) decide(ctx context.Context, client, dst netip.AddrPort, ev decide.Event) intercept.Verdict {
 	d := ic.nc.d
 	// What the agent read before it sent this must be known first (as
 	// for every network decision): fail closed if it cannot be.
@@ -301,10 +304,40 @@ func (ic *interceptor) decide(ctx context.Context, ev decide.Event) intercept.Ve
 			}
 		}
 	}
+	ic.note(client, dst, fmt.Sprintf("#%d %s %s (%s)", dec.Seq, dec.Verdict, ev.Op, dec.Reason.Code))
 	if dec.Verdict == decide.Release {
 		return intercept.Verdict{Release: true}
 	}
 	return intercept.Verdict{Notice: decide.AbortNotice([]decide.Decision{dec})}
+}
+
+// maxInterceptNote bounds an intercepted connection's annotation: its
+// latest decisions are kept.
+const maxInterceptNote = 1024
+
+// note adds a decision of an intercepted connection to the annotation of
+// its frames in the capture (which sees the guest's side of it: the
+// addresses it dialled). The frames are those of the whole connection,
+// so the annotation lists the connection's decisions in order, each
+// with its sequence number in the audit; tshark's decrypted view shows
+// which request is which.
+func (ic *interceptor) note(client, dst netip.AddrPort, what string) {
+	nc := ic.nc
+	id := newFlowID(netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port()), 6)
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	n, _ := nc.flows.peek(id)
+	n.verdict = "intercepted"
+	if n.reason != "" {
+		what = n.reason + "; " + what
+	}
+	if cut := len(what) - maxInterceptNote; cut > 0 {
+		if i := strings.Index(what[cut:], "; "); i >= 0 {
+			what = "…; " + what[cut+i+2:]
+		}
+	}
+	n.reason = what
+	nc.flows.put(id, n)
 }
 
 // resolved hands the final verdicts of a resolved scope to the requests
@@ -334,6 +367,7 @@ func (ic *interceptor) observe(_ *intercept.Request, ev decide.Event) {
 // not the connection's server, an upstream that failed verification).
 func (ic *interceptor) refused(req *intercept.Request, notice string) {
 	ic.nc.d.log.Warn("intercepted request refused", "client", req.Client, "dst", req.Dst, "sni", req.SNI, "why", notice)
+	ic.note(req.Client, req.Dst, "refuse "+req.Event.Op+" by the interception: "+notice)
 }
 
 // close stops accepting; the proxy's connections end with its context.

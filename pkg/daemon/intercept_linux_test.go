@@ -464,8 +464,18 @@ i=0; while [ ! -e /run/carbd/audited ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1
 		t.Fatalf("tshark: %v\n%s", err, fields)
 	}
 	t.Logf("tshark:\n%s", fields)
-	for _, want := range []string{"GET|/pcap/h1|", "POST|/pcap/refused|", "/pcap/h2"} {
-		if !strings.Contains(string(fields), want) {
+	// Each decrypted request is shown with its connection's decisions.
+	for want, note := range map[string]string{"GET|/pcap/h1|": "release http:GET", "POST|/pcap/refused|": "refuse http:POST", "/pcap/h2": "release http:GET"} {
+		found := false
+		for _, l := range strings.Split(string(fields), "\n") {
+			if strings.Contains(l, want) {
+				found = true
+				if !strings.Contains(l, "carbd: intercepted: ") || !strings.Contains(l, note) {
+					t.Errorf("the decrypted request %q: annotation %q, want the connection's decisions with %q", want, l, note)
+				}
+			}
+		}
+		if !found {
 			t.Errorf("tshark does not show the decrypted request %q", want)
 		}
 	}
