@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -26,6 +27,9 @@ type headerWorld struct {
 	reqs []string // "HOST METHOD PATH | HEADERS | BODY"
 }
 
+// spoof is the world's second address.
+func (w *headerWorld) spoof() netip.Addr { return w.addr.Next() }
+
 func (w *headerWorld) requests() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -39,12 +43,15 @@ func newHeaderWorld(t *testing.T, octet int) *headerWorld {
 	w := &headerWorld{addr: netip.AddrFrom4([4]byte{198, 18, byte(octet), 2})}
 	testutil.Run(t, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", ns)
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
-	testutil.Run(t, "ip", "addr", "add", fmt.Sprintf("198.18.%d.1/30", octet), "dev", hostIf)
+	testutil.Run(t, "ip", "addr", "add", fmt.Sprintf("198.18.%d.1/29", octet), "dev", hostIf)
 	testutil.Run(t, "ip", "link", "set", hostIf, "up")
-	testutil.Run(t, "ip", "-n", ns, "addr", "add", w.addr.String()+"/30", "dev", "eth0")
+	testutil.Run(t, "ip", "-n", ns, "addr", "add", w.addr.String()+"/29", "dev", "eth0")
+	// A second address no name resolves to: where a spoofed Host header
+	// would send a key.
+	testutil.Run(t, "ip", "-n", ns, "addr", "add", w.spoof().String()+"/29", "dev", "eth0")
 	testutil.Run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
 	testutil.Run(t, "ip", "-n", ns, "route", "add", "default", "via", fmt.Sprintf("198.18.%d.1", octet))
-	l := listenIn(t, ns, netip.AddrPortFrom(w.addr, 80).String())
+	l := listenIn(t, ns, ":80")
 	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var hs []string
@@ -52,6 +59,10 @@ func newHeaderWorld(t *testing.T, octet int) *headerWorld {
 			hs = append(hs, k+": "+strings.Join(v, ","))
 		}
 		w.mu.Lock()
+		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		if local != nil && !strings.HasPrefix(local.String(), w.addr.String()+":") {
+			hs = append(hs, "AT "+local.String())
+		}
 		w.reqs = append(w.reqs, r.Host+" "+r.Method+" "+r.URL.Path+" | "+strings.Join(hs, "; ")+" | "+string(body))
 		w.mu.Unlock()
 		fmt.Fprintf(rw, "hello from %s\n", r.Host)
@@ -92,6 +103,7 @@ wait_for go
 printf 'header = "Authorization: Bearer %s"\n' "$CARBD_TEST_TOKEN" > /tmp/h1
 curl -sS -m 5 -K /tmp/h1 http://api.example.com/status; echo "bound=$?"
 curl -sS -m 5 -K /tmp/h1 http://other.example.com/x; echo "other=$?"
+curl -sS -m 5 -K /tmp/h1 -H "Host: api.example.com" http://SPOOF/status; echo "spoof=$?"
 printf 'header = "X-Api-Key: %s"\n' "$INLINE_KEY" > /tmp/h2
 curl -sS -m 5 -K /tmp/h2 http://api.example.com/inline; echo "inlinereq=$?"
 printf 'data = "%s"\n' "$FILE_TOKEN" > /tmp/h3
@@ -99,6 +111,7 @@ curl -sS -m 5 -K /tmp/h3 http://api.example.com/upload; echo "filereq=$?"
 touch /run/carbd/sent
 wait_for end
 `
+	script = strings.ReplaceAll(script, "SPOOF", w.spoof().String())
 	r := startRun(t, bin, &world{addr: w.addr}, work, script, "--host", "other.example.com="+w.addr.String(),
 		"--task", "Fetch http://api.example.com/status, http://api.example.com/inline and http://other.example.com/x",
 		"--env", "CARBD_TEST_TOKEN@api.example.com",
@@ -138,7 +151,7 @@ wait_for end
 		return err == nil
 	})
 	code, status, errOut := r.cli(t, "status", "--json")
-	if code != 0 || !strings.Contains(status, `"refused": 2`) {
+	if code != 0 || !strings.Contains(status, `"refused": 3`) {
 		t.Errorf("status: exit %d: %s\n%s", code, errOut, status)
 	}
 	if err := os.WriteFile(filepath.Join(agentDir, "end"), nil, 0o644); err != nil {
@@ -155,7 +168,7 @@ wait_for end
 			t.Errorf("the agent's output lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "other=0") || strings.Contains(out, "filereq=0") {
+	if strings.Contains(out, "other=0") || strings.Contains(out, "filereq=0") || strings.Contains(out, "spoof=0") {
 		t.Errorf("a request carrying a key to a host it is not bound to succeeded:\n%s", out)
 	}
 	// The world: the bound requests with their keys, nothing else.
@@ -185,6 +198,13 @@ wait_for end
 				t.Errorf("the %s holds a value:\n%s", what, text)
 			}
 		}
+	}
+	spoofed := false
+	for _, l := range strings.Split(string(audit), "\n") {
+		spoofed = spoofed || strings.Contains(l, `"addr":"`+w.spoof().String()+`"`) && strings.Contains(l, `"code":"credential-unbound","rule":"CARBD_TEST_TOKEN"`)
+	}
+	if !spoofed {
+		t.Errorf("the request with a spoofed Host header was not refused for its credential:\n%s", audit)
 	}
 	for _, want := range []string{`"code":"credential-unbound","rule":"CARBD_TEST_TOKEN"`, `"code":"credential-unbound","rule":"FILE_TOKEN"`, "$CARBD_TEST_TOKEN", "$INLINE_KEY"} {
 		if !strings.Contains(string(audit), want) {

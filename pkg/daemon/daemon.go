@@ -333,7 +333,10 @@ func (d *daemon) setup(ctx context.Context) error {
 		c := a.Engine()
 		opt.Calibration = &c
 	}
-	d.engine = decide.New(d.cfg.Policy, opt)
+	// A credential goes to a bound host only at an address the sandbox's
+	// resolver gave for it (or over intercepted, verified HTTPS).
+	pol := d.cfg.Policy.WithNameCheck(func(host string, addr netip.Addr) bool { return d.net != nil && d.net.resolved(host, addr) })
+	d.engine = decide.New(pol, opt)
 	d.engine.Task(d.cfg.Task)
 
 	// The network channel and the sandbox.

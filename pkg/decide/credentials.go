@@ -289,6 +289,39 @@ func (cs *credentialSet) redactEvent(ev *Event) {
 	ev.Fields = fs
 }
 
+// NameCheck reports whether the sandbox's resolver answered host with
+// addr: only then is a destination's name (an HTTP Host header, a TLS
+// SNI) the name of the address the effect goes to.
+type NameCheck func(host string, addr netip.Addr) bool
+
+// WithNameCheck returns a copy of the policy whose credential bindings
+// trust a destination's name only when check confirms it for the
+// destination's address, or when the effect is intercepted HTTPS (its
+// url is https://: the upstream certificate was verified for the name).
+// Otherwise the destination is matched by its address alone, so a Host
+// header or an SNI naming a bound host cannot carry a credential to
+// another address. Without a check, names are taken as given.
+func (p *Policy) WithNameCheck(check NameCheck) *Policy {
+	np := *p
+	np.nameCheck = check
+	return &np
+}
+
+// nameAuthentic reports whether ev's destination name may be trusted
+// for the credential bindings (see WithNameCheck).
+func (p *Policy) nameAuthentic(ev *Event) bool {
+	d := ev.Dest
+	if p.nameCheck == nil || d == nil || d.Host == "" || !d.Addr.IsValid() {
+		return true
+	}
+	for _, f := range ev.Fields {
+		if f.Name == "url" && strings.HasPrefix(f.Value, "https://") {
+			return true
+		}
+	}
+	return p.nameCheck(strings.ToLower(strings.TrimSuffix(d.Host, ".")), d.Addr.Unmap())
+}
+
 // credentialBound reports whether an effect's destination may receive
 // the credential name: a net effect (or one with a destination field)
 // whose destination matches the credential's endpoint, or whose party or
@@ -298,6 +331,14 @@ func (p *Policy) credentialBound(name string, ev *Event, spec *OpSpec) bool {
 	c := p.creds.byName[name]
 	if c == nil || ev.Ch == ChanFile {
 		return false
+	}
+	if _, dns := dnsNames(ev); ev.Ch == ChanNet && !dns && !p.nameAuthentic(ev) {
+		// The name the guest gave is not its address's: match by address.
+		cp := *ev
+		d := *ev.Dest
+		d.Host = ""
+		cp.Dest = &d
+		ev = &cp
 	}
 	if ev.Ch == ChanNet {
 		if names, ok := dnsNames(ev); ok {

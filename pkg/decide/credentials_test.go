@@ -275,3 +275,39 @@ func (o askedOracle) Decide(context.Context, *View) ([]OracleAnswer, error) {
 	o.t.Error("the oracle was asked")
 	return nil, nil
 }
+
+// A Host header (or SNI) naming a bound host carries a credential only to
+// an address the resolver gave for that name, or over intercepted HTTPS
+// (the upstream certificate was verified for it).
+func TestCredentialNameCheck(t *testing.T) {
+	good, spoof := netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("203.0.113.9")
+	p, err := mustPolicy(t, credPolicy).WithCredentials(credVals())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = p.WithNameCheck(func(host string, addr netip.Addr) bool { return host == "api.github.com" && addr == good })
+	plain := func(addr netip.Addr) Event {
+		ev := req("GET", "api.github.com", "/user", map[string]string{"authorization": "Bearer " + ghTok}, "")
+		ev.Obj = "http://api.github.com/user"
+		ev.Fields[1].Value = ev.Obj
+		ev.Dest.Addr = addr // port 443: the party github lists it
+		return ev
+	}
+	intercepted := req("GET", "api.github.com", "/user", map[string]string{"authorization": "Bearer " + ghTok}, "")
+	intercepted.Dest.Addr = spoof
+	for _, tc := range []struct {
+		name string
+		ev   Event
+		want string
+	}{
+		{"plain HTTP to the resolved address", plain(good), CodeTrusted},
+		{"plain HTTP to another address", plain(spoof), CodeCredential},
+		{"intercepted HTTPS", intercepted, CodeTrusted},
+	} {
+		e := New(p, Options{})
+		e.Task(credTask + " http://api.github.com/user")
+		if d := e.Propose(context.Background(), tc.ev).Decision; d.Reason.Code != tc.want {
+			t.Errorf("%s: %v/%s (%s), want %s", tc.name, d.Verdict, d.Reason.Code, d.Justification, tc.want)
+		}
+	}
+}

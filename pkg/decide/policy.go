@@ -310,6 +310,7 @@ type Policy struct {
 	// not part of the policy file: WithCredentials binds them for a run.
 	Credentials []Credential
 	creds       *credentialSet // the bound values; nil: none
+	nameCheck   NameCheck      // confirms destination names for the bindings; nil: taken as given
 }
 
 // LevelName returns the name of a level.
