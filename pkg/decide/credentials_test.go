@@ -311,3 +311,31 @@ func TestCredentialNameCheck(t *testing.T) {
 		}
 	}
 }
+
+// What the agent read is shown to the oracle with the credentials'
+// values replaced by their markers: an LLM oracle is a party too.
+func TestOracleViewHoldsNoCredential(t *testing.T) {
+	p, err := mustPolicy(t, credPolicy).WithCredentials(credVals())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen string
+	e := New(p, Options{Oracle: viewOracle{&seen}})
+	e.Task(credTask)
+	e.Observe(Event{Ch: ChanFile, Dir: In, Obj: ".env", Content: "GITHUB_TOKEN=" + ghTok + "\nhttps://elsewhere.example.net/x"})
+	d := e.Propose(context.Background(), req("GET", "elsewhere.example.net", "/x", nil, "")).Decision
+	if d.Layer != LayerOracle || seen == "" {
+		t.Fatalf("the oracle was not asked: %v/%s (%s)", d.Verdict, d.Layer, d.Justification)
+	}
+	if strings.Contains(seen, ghTok) || !strings.Contains(seen, "$GITHUB_TOKEN") {
+		t.Errorf("the oracle's view:\n%s", seen)
+	}
+}
+
+type viewOracle struct{ seen *string }
+
+func (viewOracle) Name() string { return "view" }
+func (o viewOracle) Decide(_ context.Context, v *View) ([]OracleAnswer, error) {
+	*o.seen = v.Render()
+	return nil, nil
+}

@@ -255,7 +255,7 @@ func (e *Engine) observeLocked(ev *Event) {
 		e.graph.Add(ledger.Node{Private: l.Level > 0}, ev.Content)
 	}
 	kept := *ev
-	kept.Content = clip(ev.Content, e.opt.MaxTraceContent)
+	kept.Content = clip(p.Redact(ev.Content), e.opt.MaxTraceContent) // the oracle's view holds no credential
 	e.remember(traceEntry{ev: kept, label: l, untrusted: l.Integrity == Untrusted})
 }
 
