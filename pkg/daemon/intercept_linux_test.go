@@ -120,10 +120,10 @@ func (ca *testCA) leaf(t *testing.T, names ...string) tls.Certificate {
 // (HTTP/2 and HTTP/1.1). files is a directory the sandbox can read (not
 // under /tmp): the world's CA is written there for the client that is
 // told to trust it instead of carbd's.
-func serveTLSWorld(t *testing.T, w *world, files string) *tlsWorld {
+func serveTLSWorld(t *testing.T, w *world, files string, also ...netip.Addr) *tlsWorld {
 	t.Helper()
 	ca, rogue := newTestCA(t, "carbd test world CA"), newTestCA(t, "nobody's CA")
-	api, bad := ca.leaf(t, "api.example.com"), rogue.leaf(t, "badcert.example")
+	api, bad := ca.leaf(t, "api.example.com", "api6.example.com"), rogue.leaf(t, "badcert.example")
 	tw := &tlsWorld{caFile: filepath.Join(files, "world-ca.pem"), gitDir: t.TempDir()}
 	if err := os.WriteFile(tw.caFile, ca.pem, 0o644); err != nil {
 		t.Fatal(err)
@@ -143,7 +143,6 @@ func serveTLSWorld(t *testing.T, w *world, files string) *tlsWorld {
 	gitCGI := &cgi.Handler{Path: "/usr/lib/git-core/git-http-backend", Root: "/git",
 		Env: []string{"GIT_PROJECT_ROOT=" + tw.gitDir, "GIT_HTTP_EXPORT_ALL=1"}}
 
-	l := listenIn(t, w.ns, "tcp", netip.AddrPortFrom(w.addr, 443).String())
 	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var hv []string
@@ -166,9 +165,29 @@ func serveTLSWorld(t *testing.T, w *world, files string) *tlsWorld {
 		}
 		return &api, nil
 	}}}
-	go srv.ServeTLS(l, "", "")
+	for _, a := range append([]netip.Addr{w.addr}, also...) {
+		l := listenIn(t, w.ns, "tcp", netip.AddrPortFrom(a, 443).String())
+		go srv.ServeTLS(l, "", "")
+	}
 	t.Cleanup(func() { srv.Close() })
 	return tw
+}
+
+// worldIPv6 gives the world an IPv6 address, reachable from the host
+// through a veth pair of its own (fd00:cbd6:<octet>::/64), and returns
+// it.
+func worldIPv6(t *testing.T, w *world, octet int) netip.Addr {
+	t.Helper()
+	hostIf := testutil.UniqueName("cw6")
+	addr := netip.MustParseAddr(fmt.Sprintf("fd00:cbd6:%d::2", octet))
+	testutil.Run(t, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", "eth6", "netns", w.ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
+	testutil.Run(t, "ip", "-6", "addr", "add", fmt.Sprintf("fd00:cbd6:%d::1/64", octet), "dev", hostIf, "nodad")
+	testutil.Run(t, "ip", "link", "set", hostIf, "up")
+	testutil.Run(t, "ip", "-n", w.ns, "-6", "addr", "add", addr.String()+"/64", "dev", "eth6", "nodad")
+	testutil.Run(t, "ip", "-n", w.ns, "link", "set", "eth6", "up")
+	testutil.Run(t, "ip", "-n", w.ns, "-6", "route", "add", "default", "via", fmt.Sprintf("fd00:cbd6:%d::1", octet))
+	return addr
 }
 
 // visibleDir is a directory the sandbox sees (read-only): it mounts
@@ -400,14 +419,17 @@ func TestInterceptClients(t *testing.T) {
 
 // The audit of intercepted HTTPS: the pcapng export carries the guest
 // leg's TLS secrets as a Decryption Secrets Block, so tshark shows the
-// decrypted requests (HTTP/1.1 and HTTP/2) with nothing but the file;
+// decrypted requests (HTTP/1.1 and HTTP/2, over IPv4 and IPv6) with
+// nothing but the file, each with its connection's decisions;
 // InterceptConfig.KeyLog (carbd run --keylog) gets both legs' secrets,
-// in a file only its owner reads.
+// in a file only its owner reads. The guest's IPv6 HTTPS is redirected
+// and decided like its IPv4.
 func TestInterceptKeylogPcapng(t *testing.T) {
 	testutil.RequireTool(t, "curl")
 	tshark := testutil.RequireTool(t, "tshark")
 	w := newWorld(t, 98)
-	tw := serveTLSWorld(t, w, visibleDir(t))
+	w6 := worldIPv6(t, w, 98)
+	tw := serveTLSWorld(t, w, visibleDir(t), w6)
 	work := secretWorkdir(t)
 	p, err := decide.ParsePolicy("intercept.yaml", []byte(interceptPolicy))
 	if err != nil {
@@ -421,6 +443,8 @@ curl -sS -m 20 --http1.1 $U/pcap/h1 -o /dev/null -w 'h1=%{http_code}\n'
 curl -sS -m 20 --http2 $U/pcap/h2 -o /dev/null -w 'h2=%{http_code}\n'
 key=$(grep -v -- ----- certs/service.pem)
 curl -sS -m 20 --http1.1 --data-binary "$key" $U/pcap/refused -o /dev/null -w 'refused=%{http_code}\n'
+curl -sS -m 20 -6 https://api6.example.com/pcap/v6 -o /dev/null -w 'v6=%{http_code} %{remote_ip}\n'
+curl -sS -m 20 -6 --data-binary "$key" https://api6.example.com/pcap/v6-refused -o /dev/null -w 'v6refused=%{http_code}\n'
 echo audit-now
 i=0; while [ ! -e /run/carbd/audited ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 `
@@ -431,7 +455,7 @@ i=0; while [ ! -e /run/carbd/audited ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1
 	go func() {
 		_, err := Run(ctx, Config{ID: id, StateDir: state, Policy: p, PolicyPath: "intercept.yaml",
 			Workdir: work, Task: "Fetch https://api.example.com/pcap", Argv: []string{"/bin/sh", "-c", script},
-			UID: sandboxUID, GID: sandboxUID, Hosts: map[string][]netip.Addr{"api.example.com": {w.addr}},
+			UID: sandboxUID, GID: sandboxUID, Hosts: map[string][]netip.Addr{"api.example.com": {w.addr}, "api6.example.com": {w6}},
 			HoldTimeout: 3 * time.Second, Stdout: out, Stderr: out,
 			Intercept: InterceptConfig{CADir: t.TempDir(), UpstreamCAs: []string{tw.caFile}, KeyLog: keylog}})
 		done <- err
@@ -453,10 +477,18 @@ i=0; while [ ! -e /run/carbd/audited ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
 	text := out.String()
-	for _, want := range []string{"h1=200", "h2=200", "refused=403"} {
+	for _, want := range []string{"h1=200", "h2=200", "refused=403", "v6=200 " + w6.String(), "v6refused=403"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the agent saw no %s:\n%s", want, text)
 		}
+	}
+	var got []string
+	for _, r := range tw.requests() {
+		got = append(got, strings.Join(strings.Fields(r)[:3], " "))
+	}
+	want := []string{"api.example.com GET /pcap/h1", "api.example.com GET /pcap/h2", "api6.example.com GET /pcap/v6"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("the world saw %q, want %q", got, want)
 	}
 	fields, err := exec.Command(tshark, "-r", pcap, "-Y", "http.request || http2.type == 1", "-T", "fields", "-E", "separator=|",
 		"-e", "http.request.method", "-e", "http.request.uri", "-e", "http2.headers.path", "-e", "frame.comment").CombinedOutput()
@@ -465,7 +497,8 @@ i=0; while [ ! -e /run/carbd/audited ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1
 	}
 	t.Logf("tshark:\n%s", fields)
 	// Each decrypted request is shown with its connection's decisions.
-	for want, note := range map[string]string{"GET|/pcap/h1|": "release http:GET", "POST|/pcap/refused|": "refuse http:POST", "/pcap/h2": "release http:GET"} {
+	for want, note := range map[string]string{"GET|/pcap/h1|": "release http:GET", "POST|/pcap/refused|": "refuse http:POST", "/pcap/h2": "release http:GET",
+		"|/pcap/v6|": "release http:GET", "|/pcap/v6-refused|": "refuse http:POST"} {
 		found := false
 		for _, l := range strings.Split(string(fields), "\n") {
 			if strings.Contains(l, want) {
@@ -498,8 +531,8 @@ i=0; while [ ! -e /run/carbd/audited ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1
 			t.Errorf("key log line %q is not in the NSS format", l)
 		}
 	}
-	// Three connections, each with two legs.
-	if len(randoms) < 6 {
-		t.Errorf("the key log has %d connections' secrets, want both legs of 3 connections", len(randoms))
+	// Five connections, each with two legs.
+	if len(randoms) < 10 {
+		t.Errorf("the key log has %d connections' secrets, want both legs of 5 connections", len(randoms))
 	}
 }
