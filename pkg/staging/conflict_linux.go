@@ -297,7 +297,13 @@ func (s *Stager) preserve(c Change, reason string) (Conflict, error) {
 	} else if kept {
 		cf.Kept = filepath.Join(run, "files", c.Path)
 	}
-	line := fmt.Sprintf("%s\t%s\t%s\t%s\n", time.Now().UTC().Format(time.RFC3339), c.Op, strconv.Quote(c.Path), cf.Reason)
+	label := "label=none"
+	if lb, ok := s.labels.Get(c.Path); ok {
+		// What the agent had read when it wrote this version: whoever
+		// copies it into W should know (carbd does not follow it there).
+		label = fmt.Sprintf("label=level:%d,integrity:%v", lb.Level, lb.Integrity)
+	}
+	line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\n", time.Now().UTC().Format(time.RFC3339), c.Op, strconv.Quote(c.Path), cf.Reason, label)
 	f, err := os.OpenFile(filepath.Join(run, "report"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return cf, fmt.Errorf("staging: conflicts report: %w", err)

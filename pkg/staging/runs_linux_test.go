@@ -394,6 +394,7 @@ func TestConflictDirectories(t *testing.T) {
 	writeFile(t, filepath.Join(r.M, "gone/new"), "agent's new file", 0o644)
 	writeFile(t, filepath.Join(r.W, "old/user.txt"), "the user's new file", 0o644)
 	must(t, os.RemoveAll(filepath.Join(r.W, "gone")))
+	must(t, r.st.Stage("gone/new", labelOf(2)))
 	res := r.commit()
 	var got, want []string
 	for _, cf := range res.Conflicts {
@@ -414,6 +415,10 @@ func TestConflictDirectories(t *testing.T) {
 				t.Fatalf("the agent's file kept at %q: %q %v", cf.Kept, b, err)
 			}
 		}
+	}
+	rep, err := os.ReadFile(filepath.Join(r.cfg.StateDir, "conflicts", r.runID, "report"))
+	if err != nil || !strings.Contains(string(rep), "\"gone/new\"\t"+ConflictParent+"\tlabel=level:2,") {
+		t.Fatalf("the conflicts report does not give the agent's version's label: %q %v", rep, err)
 	}
 	r.end(func(Change) bool { return true })
 	// The next run starts from W as the user left it.
