@@ -223,7 +223,7 @@ cl() {
     [ -n "$h" ] && set -- "$@" -H "X-Data: $h"
     curl "$@" "$u"; echo " $(head -c 300 /tmp/body 2>/dev/null)";;
   urllib|requests) python3 $TD/httpsclient.py $c "$m" "$u" "$b" "$h";;
-  node) node $TD/httpsclient.js "$m" "$u" "$b" "$h";;
+  node) node --no-warnings $TD/httpsclient.js "$m" "$u" "$b" "$h";;
   go) $BIN/httpsclient req "$m" "$u" "$b" "$h";;
   esac
 }
