@@ -33,6 +33,7 @@ import (
 	"github.com/carbd/carbd/internal/e2e/modelsrv"
 	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
+	"github.com/carbd/carbd/pkg/daemon"
 )
 
 // agentUID owns the working directory: the sandbox's root maps to it.
@@ -222,6 +223,11 @@ func runDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })
+	t.Cleanup(func() { // the state carbd run keeps for the working directory (before d goes)
+		if id, err := daemon.WorkStateID(filepath.Join(d, "work")); err == nil {
+			os.RemoveAll(filepath.Join(daemon.DefaultWorkStateRoot, id))
+		}
+	})
 	return d
 }
 
