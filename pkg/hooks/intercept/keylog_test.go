@@ -105,6 +105,9 @@ func TestUpgradeTunnel(t *testing.T) {
 	if len(reqs) != 1 || !reqs[0].Open || reqs[0].Event.Op != "http:GET" {
 		t.Fatalf("decider saw %+v", reqs)
 	}
+	if !reqs[0].Event.Opaque {
+		t.Errorf("a tunnel decided as a request whose content is seen; want opaque (it carries what carbd does not see)")
+	}
 	conn, br = dial()
 	io.WriteString(conn, "GET /ws?token="+secret+" HTTP/1.1\r\nHost: localhost\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\nleak\n")
 	resp, err = http.ReadResponse(br, nil)
