@@ -87,10 +87,10 @@ type Config struct {
 	// collector) where carbd_<id>.prom is rewritten every few seconds and
 	// a last time when the run ends: the run's final counts outlive it.
 	MetricsTextfile string
-	Stdin   io.Reader
-	Stdout  io.Writer
-	Stderr  io.Writer
-	Log     *slog.Logger
+	Stdin           io.Reader
+	Stdout          io.Writer
+	Stderr          io.Writer
+	Log             *slog.Logger
 
 	// VM configures the qemu and cloud-hypervisor backends.
 	VM VMConfig
