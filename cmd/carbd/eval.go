@@ -12,6 +12,7 @@ import (
 	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/calib/agentdojo"
 	"github.com/carbd/carbd/pkg/calib/eval"
+	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/decide/score"
 )
 
@@ -20,7 +21,7 @@ func init() {
 		forms: []form{{"agentdojo", "calibrate and test on splits of recorded AgentDojo runs: attack success, utility, effects released, per-role budgets, against baselines"}}, run: runEval})
 }
 
-const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
+const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
 
 func runEval(ctx context.Context, e *env, args []string) error {
 	if args[0] != "agentdojo" {
@@ -33,7 +34,7 @@ func runEval(ctx context.Context, e *env, args []string) error {
 // agentdojo` share.
 type agentdojoFlags struct {
 	runs, policies, pipelines, attacks, alpha, kind string
-	ledgerSplit                                     string
+	ledgerSplit, ablate                             string
 	ledgerAlpha, delta                              float64
 	workers                                         int
 	errors                                          agentdojo.ErrorCounting // set by eval only
@@ -53,6 +54,7 @@ func (f *agentdojoFlags) register(fs interface {
 	fs.StringVar(&f.ledgerSplit, "ledger-split", eval.LedgerDisjoint, "which calibration episodes calibrate the ledger: disjoint (from those that fit the per-role thresholds: half each) or shared (the same ones; not exchangeable, for comparison)")
 	fs.Float64Var(&f.delta, "delta", 0.05, "total failure probability of the per-role Clopper-Pearson certificate")
 	fs.StringVar(&f.kind, "score", string(score.KindNgram), "per-field similarity kind: token, ngram or max")
+	fs.StringVar(&f.ablate, "ablate", "", "refinements of the engine to switch off, for the ablation study: comma-separated of "+strings.Join(decide.AblationNames, ", "))
 	fs.IntVar(&f.workers, "workers", 0, "parallel workers (default: GOMAXPROCS)")
 }
 
@@ -78,6 +80,10 @@ func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval
 	if f.ledgerSplit != eval.LedgerDisjoint && f.ledgerSplit != eval.LedgerShared {
 		return nil, nil, "", fmt.Errorf("%w: --ledger-split %q (want %s or %s)", errUsage, f.ledgerSplit, eval.LedgerDisjoint, eval.LedgerShared)
 	}
+	ablate, err := decide.ParseAblation(f.ablate)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%w: --ablate: %v", errUsage, err)
+	}
 	if f.workers < 0 {
 		return nil, nil, "", fmt.Errorf("%w: --workers %d", errUsage, f.workers)
 	}
@@ -94,7 +100,7 @@ func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval
 	}
 	prog := newProgress(e.stderr)
 	ps, err := eval.Load(ctx, eval.LoadConfig{Runs: f.runs, Policies: f.policies, Pipelines: pipes, Attacks: attacks,
-		Score: kind, Seed: seed, Workers: f.workers, Errors: f.errors,
+		Score: kind, Seed: seed, Workers: f.workers, Errors: f.errors, Ablate: ablate,
 		Progress: func(p string, done int) { prog.update(p, "prepare", done, 0) }})
 	prog.finish()
 	if err != nil {
@@ -170,6 +176,7 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	rep.Seconds = time.Since(start).Seconds()
 	rep.Config.Runs, rep.Config.Policies, rep.Config.Attacks = f.runs, f.policies, f.attackList()
 	rep.Config.ErroredRuns = string(errs)
+	rep.Config.Ablate = f.ablate
 	for _, p := range ps {
 		rep.Config.Pipelines = append(rep.Config.Pipelines, p.Name)
 	}

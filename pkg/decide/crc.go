@@ -33,7 +33,7 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 	var worst Reason
 	worstEmbedded := false
 	var buf [8]gatedItem
-	for _, it := range gatedItems(buf[:0], spec, ev.Fields) {
+	for _, it := range e.gatedItems(buf[:0], spec, ev.Fields) {
 		if e.derivableItem(it) {
 			continue
 		}
@@ -135,7 +135,7 @@ const RevertMinSimilarity = 0.5
 // number or date is a different effect, however alike the digits look.
 // It reports false when no trusted value qualifies.
 func (e *Engine) revertValue(f Field) (string, bool) {
-	if fixOff["revert"] {
+	if e.opt.Ablate.Revert {
 		return e.revertAnyValue(f)
 	}
 	if f.Role != RoleTarget && f.Role != RoleCredential {
@@ -158,9 +158,9 @@ func (e *Engine) revertValue(f Field) (string, bool) {
 	return best, bestSim >= RevertMinSimilarity
 }
 
-// revertAnyValue is revertValue without its limits (disabledFixes
-// "revert"): the most similar trusted value of the same shape, at any
-// similarity, for any role.
+// revertAnyValue is revertValue without its limits (Ablation.Revert):
+// the most similar trusted value of the same shape, at any similarity,
+// for any role.
 func (e *Engine) revertAnyValue(f Field) (string, bool) {
 	want := shapeOf(f.Value)
 	best, bestSim := "", -1.0

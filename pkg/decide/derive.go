@@ -26,7 +26,7 @@ func (e *Engine) derivableAs(role Role, x string) bool {
 	if e.derivable(x) {
 		return true
 	}
-	if fixOff["forms"] {
+	if e.opt.Ablate.Forms {
 		return false
 	}
 	if isListValue(x) {

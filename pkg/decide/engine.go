@@ -50,6 +50,10 @@ type Options struct {
 	// computes online. Set it to the calibration's kind when both are
 	// given. Empty records nothing.
 	Score string
+	// Ablate switches off refinements of the policy's questions for the
+	// ablation study; the zero value keeps every refinement (the
+	// default).
+	Ablate Ablation
 	// Ledger keeps the G-CARB dependency graph and scores every proposal
 	// (Decision.Gate) even without a calibrated λ̂; without one nothing
 	// is stopped. Offline calibration uses it; a calibration with a

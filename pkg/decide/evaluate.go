@@ -115,7 +115,7 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 	// 2. Every gated value derivable from T_{i-1}: the fields of gated
 	// roles and the destinations embedded in content (subfields.go).
 	var buf [8]gatedItem
-	for _, it := range gatedItems(buf[:0], spec, ev.Fields) {
+	for _, it := range e.gatedItems(buf[:0], spec, ev.Fields) {
 		if !e.derivableItem(it) && !p.boundCredentialItem(it, ev, spec) {
 			d.Verdict, d.Layer, d.Policy = Defer, LayerProvenance, Defer
 			if spec.RefuseUntrusted {
@@ -327,10 +327,10 @@ func (e *Engine) sensitivity(p *Policy, ev *Event, spec *OpSpec) (Level, string,
 		_, hits := e.sens.Scan(s)
 		for _, h := range hits {
 			lv := Level(h.Level)
-			if (lv <= best && tok != "") || (!fixOff["distinctive"] && !match.Distinctive(h.Token)) {
+			if (lv <= best && tok != "") || (!e.opt.Ablate.Distinctive && !match.Distinctive(h.Token)) {
 				continue
 			}
-			if !taskDone && !fixOff["tasktokens"] {
+			if !taskDone && !e.opt.Ablate.TaskTokens {
 				normTask, taskDone = e.normTask(), true
 			}
 			if e.isTaskToken(h.Token, normTask) {
@@ -360,7 +360,7 @@ func (e *Engine) sensitivity(p *Policy, ev *Event, spec *OpSpec) (Level, string,
 // sensitive token. Items shorter than match.MinTokenLen normalised bytes
 // are no token and need no exclusion.
 func (e *Engine) destIdentities(ev *Event, spec *OpSpec) []string {
-	if spec.DestField == "" || fixOff["identity"] {
+	if spec.DestField == "" || e.opt.Ablate.Identity {
 		return nil
 	}
 	var dest string

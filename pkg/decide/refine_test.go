@@ -3,6 +3,7 @@ package decide
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -294,29 +295,57 @@ func TestRevertLimits(t *testing.T) {
 	}
 }
 
-func TestDisabledFixes(t *testing.T) {
-	// The ablation switch restores the behaviour before each refinement.
+func TestAblation(t *testing.T) {
+	// Each switch restores the behaviour before its refinement, per
+	// engine: engines with different ablations decide side by side.
 	p := mustPolicy(t, messagePolicy)
 	ctx := context.Background()
-	run := func(off ...string) Decision {
-		saved := fixOff
-		fixOff = map[string]bool{}
-		for _, f := range off {
-			fixOff[f] = true
+	run := func(off string) Decision {
+		a, err := ParseAblation(off)
+		if err != nil {
+			t.Fatal(err)
 		}
-		defer func() { fixOff = saved }()
-		e := New(p, Options{})
+		e := New(p, Options{Ablate: a})
 		e.Task("Tell Alice")
 		e.Observe(Event{Ch: ChanNet, Dir: In, Obj: "tool:read_channel", Content: "the recipient list is interesting"})
 		return e.Propose(ctx, dm("Alice", "www.secure-systems-252.com: the recipient list")).Decision
 	}
-	if d := run(); d.Policy != Defer || d.Reason.Field != "body[host]" {
-		t.Fatalf("all refinements: got %v %+v", d.Policy, d.Reason)
+	want := map[string]func(d Decision) bool{
+		"":                     func(d Decision) bool { return d.Policy == Defer && d.Reason.Field == "body[host]" },
+		"embedded":             func(d Decision) bool { return d.Policy == Release },
+		"embedded,distinctive": func(d Decision) bool { return d.Policy == Defer && d.Reason.Code == CodeUncleared },
 	}
-	if d := run("embedded"); d.Policy != Release {
-		t.Fatalf("without embedded targets: got %v %+v (%s)", d.Policy, d.Reason, d.Justification)
+	var wg sync.WaitGroup
+	for off, ok := range want {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				if d := run(off); !ok(d) {
+					t.Errorf("ablation %q: got %v %+v (%s)", off, d.Policy, d.Reason, d.Justification)
+					return
+				}
+			}
+		}()
 	}
-	if d := run("embedded", "distinctive"); d.Policy != Defer || d.Reason.Code != CodeUncleared {
-		t.Fatalf("every token counts: got %v %+v (%s)", d.Policy, d.Reason, d.Justification)
+	wg.Wait()
+}
+
+func TestParseAblation(t *testing.T) {
+	a, err := ParseAblation(" revert, forms,distinctive ")
+	if err != nil || a != (Ablation{Revert: true, Forms: true, Distinctive: true}) || a.String() != "revert,forms,distinctive" {
+		t.Errorf("ParseAblation = %+v %q, %v", a, a.String(), err)
+	}
+	all, err := ParseAblation(strings.Join(AblationNames, ","))
+	if err != nil || all != (Ablation{true, true, true, true, true, true}) {
+		t.Errorf("every name: %+v, %v", all, err)
+	}
+	if a, err := ParseAblation(""); err != nil || a != (Ablation{}) || a.String() != "" {
+		t.Errorf("empty: %+v, %v", a, err)
+	}
+	for _, bad := range []string{"formz", "forms,forms"} {
+		if _, err := ParseAblation(bad); err == nil {
+			t.Errorf("ParseAblation(%q) accepted", bad)
+		}
 	}
 }

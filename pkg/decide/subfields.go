@@ -29,7 +29,7 @@ type gatedItem struct {
 // one on a score and never reverts one.
 //
 // The items are appended to dst, so a caller can keep them on its stack.
-func gatedItems(dst []gatedItem, spec *OpSpec, fields []Field) []gatedItem {
+func (e *Engine) gatedItems(dst []gatedItem, spec *OpSpec, fields []Field) []gatedItem {
 	out := dst
 	for i, f := range fields {
 		if f.Value == "" {
@@ -39,7 +39,7 @@ func gatedItems(dst []gatedItem, spec *OpSpec, fields []Field) []gatedItem {
 			out = append(out, gatedItem{Field: f.Name, Role: f.Role, Value: f.Value, index: i})
 			continue
 		}
-		if f.Role != RoleContent || !spec.Gate.Has(RoleTarget) || fixOff["embedded"] {
+		if f.Role != RoleContent || !spec.Gate.Has(RoleTarget) || e.opt.Ablate.Embedded {
 			continue
 		}
 		for _, d := range match.Destinations(f.Value) {

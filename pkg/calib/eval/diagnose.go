@@ -68,7 +68,7 @@ func diagnose(ctx context.Context, p *Pipeline, cfg *Config) (*Diagnosis, error)
 		if ep.Kind == agentdojo.Benign && !ep.Utility {
 			continue
 		}
-		e := decide.New(ep.policy, decide.Options{Oracle: decide.Strict{}, Calibration: &c, Revert: true, Now: fixedClock})
+		e := decide.New(ep.policy, decide.Options{Oracle: decide.Strict{}, Calibration: &c, Revert: true, Now: fixedClock, Ablate: ep.ablate})
 		rep := decide.RunTrace(ctx, e, ep.trace)
 		if err := ctx.Err(); err != nil {
 			return nil, err

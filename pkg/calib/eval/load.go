@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/carbd/carbd/pkg/calib/agentdojo"
+	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/decide/score"
 )
 
@@ -58,6 +59,11 @@ type LoadConfig struct {
 	// the no-defense figures (Episode.NoDefenseSucceeded); empty means
 	// agentdojo.ErrorsAsRecorded, the benchmark's own convention.
 	Errors agentdojo.ErrorCounting
+	// Ablate switches off refinements of the engine in every replay of
+	// the loaded episodes (decide.Options.Ablate), for the ablation
+	// study: pipelines loaded with different ablations are evaluated
+	// side by side in one process.
+	Ablate decide.Ablation
 	// Progress, when set, is called after each prepared run with the
 	// number done so far and the pipeline.
 	Progress func(pipeline string, done int)
@@ -124,7 +130,7 @@ func Load(ctx context.Context, cfg LoadConfig) ([]*Pipeline, error) {
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				ep, err := prepare(ctx, j.run, j.spec, cfg.Score, cfg.Seed, cfg.Errors)
+				ep, err := prepare(ctx, j.run, j.spec, cfg.Score, cfg.Seed, cfg.Errors, cfg.Ablate)
 				results <- result{ep, j.run, err}
 			}
 		}()

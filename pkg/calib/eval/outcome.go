@@ -207,7 +207,7 @@ func (ep *Episode) outcomeFor(ctx context.Context, th *thresholds, lambda float6
 	if !math.IsNaN(lambda) {
 		cal.HasLedger, cal.LedgerLambda = true, lambda
 	}
-	e := decide.New(ep.policy, decide.Options{Oracle: decide.Strict{}, Calibration: &cal, Revert: true, Now: fixedClock})
+	e := decide.New(ep.policy, decide.Options{Oracle: decide.Strict{}, Calibration: &cal, Revert: true, Now: fixedClock, Ablate: ep.ablate})
 	rep := decide.RunTrace(ctx, e, ep.trace)
 	if err := ctx.Err(); err != nil {
 		return nil, err

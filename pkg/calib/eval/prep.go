@@ -45,8 +45,9 @@ type Episode struct {
 	trace  []decide.Event
 	policy *decide.Policy
 	kind   score.Kind
-	Steps  []Step  // outgoing events, in trace order
-	Fields []Field // every field of every step, flattened in step order
+	ablate decide.Ablation // the engine's refinements switched off (LoadConfig.Ablate)
+	Steps  []Step          // outgoing events, in trace order
+	Fields []Field         // every field of every step, flattened in step order
 	// gated are the indexes into Fields of the fields the CRC step may
 	// compare with a threshold: gated role, non-empty value. The
 	// outcome of a calibrated replay depends on a threshold only through
@@ -131,7 +132,7 @@ var selectorNames = [numSelectors]string{"g-carb", "full-prefix", "fixed-window-
 // policy), the labels, and the policy-only replay with per-field scores
 // and the dependency graph; then every selector's gate scores on that
 // graph. seed keys the equal-size random selector (one draw per episode).
-func prepare(ctx context.Context, r *agentdojo.Run, spec *agentdojo.SuiteSpec, kind score.Kind, seed uint64, errs agentdojo.ErrorCounting) (*Episode, error) {
+func prepare(ctx context.Context, r *agentdojo.Run, spec *agentdojo.SuiteSpec, kind score.Kind, seed uint64, errs agentdojo.ErrorCounting, ablate decide.Ablation) (*Episode, error) {
 	tr, err := r.Trace(spec)
 	if err != nil {
 		return nil, err
@@ -139,9 +140,9 @@ func prepare(ctx context.Context, r *agentdojo.Run, spec *agentdojo.SuiteSpec, k
 	ep := &Episode{
 		ID: r.Episode(), Pipeline: r.Pipeline, Suite: r.Suite, Kind: r.Kind, Attack: r.Attack,
 		Utility: r.Utility, Succeeded: r.AttackSucceeded(), NoDefenseSucceeded: r.AttackSucceededBy(errs), Errored: r.Errored(),
-		trace: tr, policy: spec.Policy, kind: kind,
+		trace: tr, policy: spec.Policy, kind: kind, ablate: ablate,
 	}
-	e := decide.New(spec.Policy, decide.Options{Oracle: decide.Strict{}, Score: string(kind), Ledger: true, Now: fixedClock})
+	e := decide.New(spec.Policy, decide.Options{Oracle: decide.Strict{}, Score: string(kind), Ledger: true, Now: fixedClock, Ablate: ablate})
 	rep := decide.RunTrace(ctx, e, tr)
 	if err := ctx.Err(); err != nil {
 		return nil, err

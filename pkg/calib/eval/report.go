@@ -117,6 +117,9 @@ type ReportConfig struct {
 	// (agentdojo.ErrorCounting: "agentdojo", security as recorded, or
 	// "failed").
 	ErroredRuns string `json:"errored_runs"`
+	// Ablate lists the engine's refinements switched off
+	// (decide.Ablation); "" in the default evaluation.
+	Ablate string `json:"ablate"`
 }
 
 // DataCounts describe a pipeline's evaluated runs.
@@ -488,6 +491,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	sort.Strings(al)
 	fmt.Fprintf(w, "carbd eval agentdojo: %d splits (seed %d), calibration fraction %g, ledger split %s, split unit: %s\n", c.Splits, c.Seed, c.CalFraction, c.LedgerSplit, c.SplitUnit)
 	fmt.Fprintf(w, "budgets %s, ledger alpha %g, delta %g, score %s, oracle %s, attacks %s\n", strings.Join(al, ","), c.LedgerAlpha, c.Delta, c.Score, c.Oracle, listOr(c.Attacks, "all"))
+	if c.Ablate != "" {
+		fmt.Fprintf(w, "ablation: the engine's refinements %s are switched off\n", c.Ablate)
+	}
 	if c.ErroredRuns != "" {
 		fmt.Fprintf(w, "attacked runs that ended in an error count as: %s\n", erroredRunsText(c.ErroredRuns))
 	}

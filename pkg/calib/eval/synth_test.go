@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/carbd/carbd/pkg/calib/agentdojo"
+	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/decide/score"
 )
 
@@ -85,7 +86,7 @@ func synthPipeline(t testing.TB, n int) *Pipeline {
 				t.Fatalf("run %d/%d: %v", task, kind, err)
 			}
 			r.Pipeline = fmt.Sprintf("synthetic-%d", kind) // distinct episode ids per kind
-			ep, err := prepare(context.Background(), r, spec, score.KindNgram, 1, agentdojo.ErrorsAsRecorded)
+			ep, err := prepare(context.Background(), r, spec, score.KindNgram, 1, agentdojo.ErrorsAsRecorded, decide.Ablation{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -160,7 +161,7 @@ func TestQuotedGoalReadIsNotAnEffect(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.Pipeline, r.Goal = "synthetic", goal
-		ep, err := prepare(context.Background(), r, spec, score.KindNgram, 1, agentdojo.ErrorsAsRecorded)
+		ep, err := prepare(context.Background(), r, spec, score.KindNgram, 1, agentdojo.ErrorsAsRecorded, decide.Ablation{})
 		if err != nil {
 			t.Fatal(err)
 		}
