@@ -306,7 +306,7 @@ func TestInterceptClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
+	out := &syncBuffer{} // the agent's output and carbd's log, written concurrently
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	start := time.Now()
@@ -314,7 +314,7 @@ func TestInterceptClients(t *testing.T) {
 		Workdir: work, Task: "Try every client against https://api.example.com", Argv: []string{"/bin/sh", "-c", interceptScript},
 		UID: sandboxUID, GID: sandboxUID, Env: []string{"TESTDATA=" + tdSandbox, "BIN=" + bin},
 		Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}, "badcert.example": {w.addr}},
-		HoldTimeout: 3 * time.Second, Stdout: &out, Stderr: &out,
+		HoldTimeout: 3 * time.Second, Stdout: out, Stderr: out,
 		Intercept: InterceptConfig{CADir: t.TempDir(), UpstreamCAs: []string{tw.caFile}}})
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
