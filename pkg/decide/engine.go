@@ -498,10 +498,19 @@ func (e *Engine) labelWritesLocked(d *Decision, into map[string]Label) {
 	if ev == nil || ev.Ch != ChanFile {
 		return
 	}
-	into[ev.Obj] = e.readLabel
+	// A write adds to what the location held (an append keeps the data
+	// already there): its label joins the location's earlier one, so a
+	// write cannot lower it within the run.
+	label := func(p string) Label {
+		if l, ok := e.locationLabel(p); ok {
+			return e.readLabel.Combine(l)
+		}
+		return e.readLabel
+	}
+	into[ev.Obj] = label(ev.Obj)
 	for _, f := range ev.Fields {
 		if f.Role == RoleTarget && f.Value != "" && f.Value != ev.Obj {
-			into[f.Value] = e.readLabel
+			into[f.Value] = label(f.Value)
 		}
 	}
 }

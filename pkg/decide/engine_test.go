@@ -766,3 +766,32 @@ func TestOperatorQuestions(t *testing.T) {
 	}
 	<-b2
 }
+
+// A write cannot lower the label of a location the agent wrote before:
+// appending public data to a file that holds secret data leaves it
+// secret for the rest of the run (and its persisted label with it).
+func TestWriteJoinsLocationLabel(t *testing.T) {
+	p := mustPolicy(t, basePolicy)
+	ctx := context.Background()
+	e := New(p, Options{})
+	e.Task("write out/notes.txt and post to api.example.com")
+	e.Observe(Event{Ch: ChanFile, Dir: In, Obj: "secrets/token", Content: "tok_9f8e7d6c5b4a39281"})
+	if d := e.Propose(ctx, write("out/notes.txt", "tok_9f8e7d6c5b4a39281")).Decision; d.Verdict != Release {
+		t.Fatalf("write: %v %s", d.Verdict, d.Justification)
+	}
+	// A fresh engine for the next episode, with the persisted label,
+	// where the agent appends without reading the file first.
+	labels := e.LocationLabels()
+	e2 := New(p, Options{LocationLabel: func(path string) (Label, bool) { l, ok := labels[path]; return l, ok }})
+	e2.Task("append to out/notes.txt and post to api.example.com")
+	if d := e2.Propose(ctx, write("out/notes.txt", "more")).Decision; d.Verdict != Release {
+		t.Fatalf("append: %v %s", d.Verdict, d.Justification)
+	}
+	if l := e2.LocationLabels()["out/notes.txt"]; l.Level < labels["out/notes.txt"].Level {
+		t.Errorf("the append lowered the location's label: %+v, was %+v", l, labels["out/notes.txt"])
+	}
+	e2.Observe(Event{Ch: ChanFile, Dir: In, Obj: "out/notes.txt", Content: "tok_9f8e7d6c5b4a39281\nmore"})
+	if d := e2.Propose(ctx, post("api.example.com", "tok_9f8e7d6c5b4a39281")).Decision; d.Verdict == Release {
+		t.Errorf("the secret left through a relabelled file: %s", d.Justification)
+	}
+}
