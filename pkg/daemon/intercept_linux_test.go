@@ -267,7 +267,7 @@ exit 0
 `
 
 func TestInterceptClients(t *testing.T) {
-	for _, tool := range []string{"curl", "git", "python3", "node", "go"} {
+	for _, tool := range []string{"curl", "git", "python3", "node"} {
 		testutil.RequireTool(t, tool)
 	}
 	if _, err := os.Stat("/usr/lib/git-core/git-http-backend"); err != nil {
@@ -277,7 +277,7 @@ func TestInterceptClients(t *testing.T) {
 	files := visibleDir(t)
 	tw := serveTLSWorld(t, w, files)
 	bin := filepath.Join(files, "bin")
-	build := exec.Command("go", "build", "-o", filepath.Join(bin, "httpsclient"), "./testdata/httpsclient")
+	build := exec.Command(testutil.GoTool(), "build", "-o", filepath.Join(bin, "httpsclient"), "./testdata/httpsclient")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the Go client: %v\n%s", err, out)
