@@ -371,6 +371,17 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 	if nc.icpt.handles(m.Flow.Dst, m.Flow.DstPort, m.Flow.Proto) {
 		return nfq.Outcome{Verdict: nfq.Release, Reason: "intercepted"}
 	}
+	// A name the guest gave (a Host header, an SNI) names the destination
+	// only if the sandbox's resolver answered it with this address: else
+	// a request to any address could claim a party's or the model
+	// provider's name. Unproven, the destination is known by its address
+	// (and the names the resolver gave for it). Intercepted HTTPS is
+	// decided by the interceptor, whose upstream certificate proves it.
+	if ev.Dest != nil && ev.Dest.Host != "" && ev.Dest.Addr.IsValid() && !nc.resolved(ev.Dest.Host, ev.Dest.Addr) {
+		dst := *ev.Dest
+		dst.Host = ""
+		ev.Dest = &dst
+	}
 	if ev.Dest != nil && ev.Dest.Host == "" && ev.Dest.Addr.IsValid() {
 		nc.mu.Lock()
 		if names, _ := nc.names.get(ev.Dest.Addr.Unmap()); len(names) > 0 {

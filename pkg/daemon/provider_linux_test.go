@@ -121,6 +121,7 @@ curl -sS -k -m 5 https://example.org/ -o /dev/null; echo "unasked=$?"
 	if strings.Contains(text, "unasked=0") {
 		t.Errorf("an unasked destination was reached:\n%s", text)
 	}
+
 	var tlsReqs []string
 	for _, r := range w.requests() {
 		tlsReqs = append(tlsReqs, r)
@@ -156,4 +157,31 @@ curl -sS -k -m 5 https://example.org/ -o /dev/null; echo "unasked=$?"
 		}
 	}
 	_ = sum
+}
+
+// Without interception, TLS is decided by its server name: a connection
+// to another address that claims the model provider's name (curl
+// --resolve, no lookup through carbd) is not the provider's internal
+// channel, and does not get out.
+func TestProviderNameNotTakenOnTrust(t *testing.T) {
+	testutil.RequireTool(t, "curl")
+	p, err := decide.LoadPolicy(filepath.Join("..", "..", "examples", "policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t, 95)
+	serveTLS(t, w, "api.openai.com")
+	script := `curl -sS -k -m 8 --resolve api.openai.com:443:` + w.addr.String() + ` https://api.openai.com/v1/spoof -o /dev/null; echo "spoof=$?"`
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err = Run(ctx, Config{ID: testutil.UniqueName("m"), StateDir: t.TempDir(), Policy: p, PolicyPath: "examples/policy.yaml",
+		Workdir: workdir(t), Task: "Summarise README.md", Argv: []string{"/bin/sh", "-c", script}, UID: sandboxUID, GID: sandboxUID,
+		Oracle: decide.Strict{}, HoldTimeout: 3 * time.Second, Stdout: &out, Stderr: &out, Intercept: InterceptConfig{Off: true}})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if strings.Contains(out.String(), "spoof=0") || len(w.requests()) != 0 {
+		t.Errorf("a connection claiming the provider's name reached another address: %q\n%s", w.requests(), out.String())
+	}
 }
