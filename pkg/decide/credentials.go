@@ -462,7 +462,7 @@ func (p *Policy) boundCredentialItem(it gatedItem, ev *Event, spec *OpSpec) bool
 // destination (it may carry any of them).
 func (p *Policy) credentialLevel(ev *Event, spec *OpSpec) Level {
 	var l Level
-	if p.creds == nil || !ev.Opaque {
+	if p.creds == nil || !(ev.Opaque || packedContent(ev)) {
 		return 0
 	}
 	for name := range p.creds.raw {

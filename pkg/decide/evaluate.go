@@ -155,6 +155,8 @@ func (e *Engine) clearanceCheck(p *Policy, ev *Event, spec *OpSpec, d Decision) 
 			what += fmt.Sprintf(" (%q read from %s)", clip(tok, 24), tokOrigin)
 		} else if ev.Opaque {
 			what += " (opaque content may carry anything read so far)"
+		} else if packedContent(ev) {
+			what += " (compressed or archived content may carry anything read so far)"
 		}
 		d.Justification = fmt.Sprintf("%s but %s is cleared only for %s", what, partyOr(party), p.LevelName(clearance))
 		return d
@@ -306,7 +308,7 @@ func (e *Engine) sensitivity(p *Policy, ev *Event, spec *OpSpec) (Level, string,
 		return s
 	}
 	var credLevel Level // credentials not bound to the destination an opaque effect may carry
-	if ev.Opaque {
+	if ev.Opaque || packedContent(ev) {
 		credLevel = p.credentialLevel(ev, spec)
 	}
 	if e.sens.Len() == 0 {
@@ -346,7 +348,7 @@ func (e *Engine) sensitivity(p *Policy, ev *Event, spec *OpSpec) (Level, string,
 		}
 	}
 	scan(ev.Content)
-	if ev.Opaque && e.sensMax > best {
+	if (ev.Opaque || packedContent(ev)) && e.sensMax > best {
 		best, tok, origin = e.sensMax, "", ""
 	}
 	if credLevel > best {
