@@ -245,6 +245,15 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	if d.cfg.Operator != nil && hold < d.cfg.Operator.Timeout+5*time.Second {
 		hold = d.cfg.Operator.Timeout + 5*time.Second
 	}
+	// What the world answers is observed for provenance: responses are
+	// reassembled from the capture and handed to the engine as incoming
+	// events (docs/responses.md). The verdict loop waits on it, so it
+	// exists before the loop starts.
+	rw, err := respwatch.New(respwatch.Config{Resolved: nc.resolved})
+	if err != nil {
+		return err
+	}
+	nc.resp = rw
 	loop, err := nfq.New(nfq.Config{QueueNum: nc.plan.Queue, MaxQueueLen: 4096, Decider: nc, Datapath: dp,
 		HoldTimeout: hold, DNSRefusal: true, Logger: d.log.With("channel", "net")})
 	if err != nil {
@@ -268,14 +277,9 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	if err := nc.dns.Serve(ctx, netip.AddrPortFrom(nc.plan.HostAddr4.Addr(), 53)); err != nil {
 		return err
 	}
-	// What the world answers is observed for provenance: responses are
-	// reassembled from the capture and handed to the engine as incoming
-	// events (docs/responses.md).
-	w, err := respwatch.New(respwatch.Config{Resolved: nc.resolved})
-	if err != nil {
-		return err
-	}
-	nc.resp = w
+	// What the world answers is observed for provenance (created before
+	// the verdict loop, which waits on it).
+	w := nc.resp
 	nc.wg.Add(1)
 	go func() {
 		defer nc.wg.Done()
