@@ -71,6 +71,9 @@ type Annotation struct {
 	Verdict string // "release", "refuse", "held", "undecided", "fast-path"
 	Reason  string // the decision's reason code and justification
 	Seq     uint64 // the decision's sequence number in the audit log
+	// Final says the verdict will not change (a Stream writes the frame
+	// now rather than waiting); it is not written to the file.
+	Final bool
 }
 
 // Writer writes a pcapng stream: one section, one interface.
