@@ -6,7 +6,7 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PKGS := clang-14 llvm-14 libbpf-dev bpftool iptables nftables iperf3 \
             busybox-static cpio qemu-system-x86 qemu-system-common qemu-utils \
             socat curl dnsutils iputils-ping netcat-openbsd tcpdump tshark \
-            iproute2 kmod ca-certificates make zsh fish groff-base \
+            iproute2 kmod ca-certificates make zsh fish groff-base mitmproxy \
             git python3 python3-requests nodejs
 BIN      := bin/carbd
 

@@ -19,12 +19,16 @@ func BenchmarkKeepAlive(b *testing.B) {
 	w := newWorld(b)
 	tp := newTestProxy(b, w, nil)
 	worldPool := newPoolFromFile(b, w.caFile)
+	mitm, mitmPool := mitmdump(b, w)
 	for _, h2 := range []bool{false, true} {
 		proto := map[bool]string{false: "http1", true: "h2"}[h2]
-		for _, via := range []string{"direct", "proxy"} {
+		for _, via := range []string{"direct", "proxy", "mitmdump"} {
 			url, roots := fmt.Sprintf("https://localhost:%d/bench", w.addr.Port()), worldPool
-			if via == "proxy" {
+			switch via {
+			case "proxy":
 				url, roots = tp.url("/bench"), tp.ca.Pool()
+			case "mitmdump":
+				url, roots = mitm+"/bench", mitmPool
 			}
 			tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: h2, MaxIdleConnsPerHost: 64}
 			if !h2 {
@@ -78,12 +82,16 @@ func BenchmarkDownload(b *testing.B) {
 	w := newWorld(b)
 	tp := newTestProxy(b, w, nil)
 	worldPool := newPoolFromFile(b, w.caFile)
+	mitm, mitmPool := mitmdump(b, w)
 	for _, h2 := range []bool{false, true} {
 		proto := map[bool]string{false: "http1", true: "h2"}[h2]
-		for _, via := range []string{"direct", "proxy"} {
+		for _, via := range []string{"direct", "proxy", "mitmdump"} {
 			url, roots := fmt.Sprintf("https://localhost:%d/big?n=%d", w.addr.Port(), size), worldPool
-			if via == "proxy" {
+			switch via {
+			case "proxy":
 				url, roots = tp.url(fmt.Sprintf("/big?n=%d", size)), tp.ca.Pool()
+			case "mitmdump":
+				url, roots = fmt.Sprintf("%s/big?n=%d", mitm, size), mitmPool
 			}
 			tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: h2}
 			if !h2 {
@@ -116,10 +124,14 @@ func BenchmarkHandshake(b *testing.B) {
 	w := newWorld(b)
 	tp := newTestProxy(b, w, nil)
 	worldPool := newPoolFromFile(b, w.caFile)
-	for _, via := range []string{"direct", "proxy"} {
+	mitm, mitmPool := mitmdump(b, w)
+	for _, via := range []string{"direct", "proxy", "mitmdump"} {
 		url, roots := fmt.Sprintf("https://localhost:%d/bench", w.addr.Port()), worldPool
-		if via == "proxy" {
+		switch via {
+		case "proxy":
 			url, roots = tp.url("/bench"), tp.ca.Pool()
+		case "mitmdump":
+			url, roots = mitm+"/bench", mitmPool
 		}
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true,
 			TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{}}
