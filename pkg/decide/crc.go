@@ -32,6 +32,7 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 	var reverts []Revert
 	var worst Reason
 	worstEmbedded := false
+	lookalikeOf, lookalikeItem := "", ""
 	var buf [8]gatedItem
 	for _, it := range e.gatedItems(buf[:0], spec, ev.Fields) {
 		if e.derivableItem(it) {
@@ -46,9 +47,16 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 			break
 		}
 		f := ev.Fields[it.index]
-		s := score.Score(kind, f.Value, &e.uctx, &e.tctx)
+		s := e.fieldScore(kind, f.Role, f.Value)
 		tau, ok := cal.Threshold[f.Role]
-		if ok && s <= tau {
+		like, likeItem := "", ""
+		if f.Role == RoleTarget && !e.opt.Ablate.Classes {
+			// A look-alike of a trusted host is never allowed on its
+			// score (classes.go); it may still be reverted to the
+			// trusted value it copies.
+			like, likeItem = e.lookalikeItem(f.Value)
+		}
+		if ok && s <= tau && like == "" {
 			continue
 		}
 		if !ok {
@@ -65,6 +73,7 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 			}
 		}
 		worst = Reason{Code: CodeCRCOver, Field: f.Name, Role: f.Role, Value: clip(f.Value, 200), Origin: e.originName(f.Value), Score: s, Threshold: tau}
+		lookalikeOf, lookalikeItem = like, likeItem
 		break
 	}
 	if worst.Code != "" {
@@ -76,6 +85,10 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 		}
 		d.Justification = fmt.Sprintf("%s %q in field %s scored %.3f over its %s threshold %.3f and no trusted value can replace it: %s",
 			worst.Role, clip(worst.Value, 80), worst.Field, worst.Score, stratum, worst.Threshold, e.originPhrase(worst.Value))
+		if lookalikeOf != "" {
+			d.Justification = fmt.Sprintf("%s %q in field %s names %q, a look-alike of the trusted host %q: gated whatever its score (%.3f): %s",
+				worst.Role, clip(worst.Value, 80), worst.Field, clip(lookalikeItem, 80), lookalikeOf, worst.Score, e.originPhrase(worst.Value))
+		}
 		return d
 	}
 	rev := *ev
@@ -113,7 +126,7 @@ func (e *Engine) scoreFields(p *Policy, ev *Event) []FieldScore {
 			continue
 		}
 		out = append(out, FieldScore{Field: f.Name, Role: f.Role, Gated: gate.Has(f.Role),
-			Score: score.Score(kind, f.Value, &e.uctx, &e.tctx), Derivable: e.derivableAs(f.Role, f.Value)})
+			Score: e.fieldScore(kind, f.Role, f.Value), Derivable: e.derivableAs(f.Role, f.Value)})
 	}
 	return out
 }

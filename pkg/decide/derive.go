@@ -10,7 +10,8 @@ import (
 // forms that name the same thing counted as equal (docs/provenance.md,
 // "Derivability beyond equality"):
 //
-//   - any value: equality after Norm, or a list whose items each are
+//   - any value: equality after Norm, or a list (separated by newlines,
+//     commas or semicolons, or a JSON array) whose items each are
 //     (derivable);
 //   - a URL or host name: the same location written with or without a
 //     scheme ("http://", "https://"), a trailing "/" or a leading "www."
@@ -29,9 +30,9 @@ func (e *Engine) derivableAs(role Role, x string) bool {
 	if e.opt.Ablate.Forms {
 		return false
 	}
-	if isListValue(x) {
+	if items, ok := e.listItems(x); ok {
 		n := 0
-		for _, part := range splitList(x) {
+		for _, part := range items {
 			if !e.derivableOne(role, part) {
 				return false
 			}

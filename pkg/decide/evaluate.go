@@ -279,6 +279,15 @@ func (e *Engine) clearance(p *Policy, ev *Event, spec *OpSpec) (Level, string, b
 	if pt, ok := p.Party(ev, dest); ok {
 		return pt.Clearance, pt.Name, true
 	}
+	// The same location written another way (a scheme, "www.", a
+	// trailing "/") is the same party, as in derivability (derive.go).
+	if dest != "" && !e.opt.Ablate.Classes {
+		for _, f := range urlForms(dest) {
+			if pt, ok := p.Party(ev, f); ok {
+				return pt.Clearance, pt.Name, true
+			}
+		}
+	}
 	return 0, "", false
 }
 
@@ -329,7 +338,7 @@ func (e *Engine) sensitivity(p *Policy, ev *Event, spec *OpSpec) (Level, string,
 		_, hits := e.sens.Scan(s)
 		for _, h := range hits {
 			lv := Level(h.Level)
-			if (lv <= best && tok != "") || (!e.opt.Ablate.Distinctive && !match.Distinctive(h.Token)) {
+			if (lv <= best && tok != "") || (!e.opt.Ablate.Distinctive && !e.distinctive(h.Token)) {
 				continue
 			}
 			if !taskDone && !e.opt.Ablate.TaskTokens {
@@ -357,6 +366,25 @@ func (e *Engine) sensitivity(p *Policy, ev *Event, spec *OpSpec) (Level, string,
 	return best, tok, origin
 }
 
+// distinctive is match.Distinctive; with the value classes switched off
+// (Ablation.Classes), a time of day with four digits counts again, as it
+// did before times of day were a class of their own.
+func (e *Engine) distinctive(tok string) bool {
+	if match.Distinctive(tok) {
+		return true
+	}
+	if !e.opt.Ablate.Classes || !match.IsTimeOfDay(tok) {
+		return false
+	}
+	n := 0
+	for i := 0; i < len(tok); i++ {
+		if tok[i] >= '0' && tok[i] <= '9' {
+			n++
+		}
+	}
+	return n >= 4
+}
+
 // destIdentities returns the items of the effect's destination field that
 // are the destination's identity: derivable from T, or equal, whole, to a
 // sensitive token. Items shorter than match.MinTokenLen normalised bytes
@@ -376,8 +404,8 @@ func (e *Engine) destIdentities(ev *Event, spec *OpSpec) []string {
 		return nil
 	}
 	items := []string{strings.TrimSpace(dest)}
-	if isListValue(dest) {
-		items = splitList(dest)
+	if list, ok := e.listItems(dest); ok {
+		items = list
 	}
 	var out []string
 	for _, it := range items {
@@ -389,15 +417,37 @@ func (e *Engine) destIdentities(ev *Event, spec *OpSpec) []string {
 			out = append(out, it)
 			continue
 		}
-		_, hits := e.sens.Scan(it)
-		for _, h := range hits {
-			if h.Token == n {
-				out = append(out, it)
-				break
-			}
+		if e.sensIdentity(it, n) {
+			out = append(out, it)
 		}
 	}
 	return out
+}
+
+// sensIdentity reports whether a destination item (n: its Norm) is,
+// whole, a sensitive token: the item itself, or the same location written
+// another way (urlForms: "https://www.shop.example/" is the destination
+// the token "shop.example" names).
+func (e *Engine) sensIdentity(it, n string) bool {
+	_, hits := e.sens.Scan(it)
+	if len(hits) == 0 {
+		return false
+	}
+	var forms []string
+	if !e.opt.Ablate.Classes {
+		forms = urlForms(it)
+	}
+	for _, h := range hits {
+		if h.Token == n {
+			return true
+		}
+		for _, f := range forms {
+			if h.Token == match.Norm(f) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // credentialDest names an effect's destination for a credential refusal.

@@ -28,11 +28,17 @@ type Ablation struct {
 	TaskTokens bool
 	// Distinctive: every sensitive token counts, ordinary words included.
 	Distinctive bool
+	// Classes: the value classes of docs/provenance.md ("Value classes"):
+	// times of day as distinctive tokens again, URL forms not in the
+	// clearance question, list items scored as one value, the principal's
+	// declared identity not trusted, and no look-alike gate.
+	Classes bool
 }
 
 // AblationNames are the refinements' names, in the order String lists
-// them: revert, embedded, forms, identity, tasktokens, distinctive.
-var AblationNames = []string{"revert", "embedded", "forms", "identity", "tasktokens", "distinctive"}
+// them: revert, embedded, forms, identity, tasktokens, distinctive,
+// classes.
+var AblationNames = []string{"revert", "embedded", "forms", "identity", "tasktokens", "distinctive", "classes"}
 
 func (a *Ablation) switchNamed(name string) *bool {
 	switch name {
@@ -48,6 +54,8 @@ func (a *Ablation) switchNamed(name string) *bool {
 		return &a.TaskTokens
 	case "distinctive":
 		return &a.Distinctive
+	case "classes":
+		return &a.Classes
 	}
 	return nil
 }

@@ -300,6 +300,11 @@ type Policy struct {
 	Operations    []OpSpec
 	DefaultOp     OpSpec // applies when no operation matches
 
+	// Principal lists the principal's own identities (trusted.principal:
+	// the account owner's address, account or handle), normalised: trusted
+	// wherever they appear, a recipient or participant list included.
+	Principal []string
+
 	// UnknownPartyDefer: an effect to a party the policy does not name is
 	// deferred even when its values are trusted (Kairos). When false, an
 	// unnamed party has the lowest clearance.

@@ -223,7 +223,7 @@ func (p *policyParser) syntaxError(err error) {
 
 var (
 	policyTopKeys       = []string{"version", "levels", "trusted", "sensitive", "parties", "unknown_parties", "internal", "credentials", "refuse", "operations", "defaults"}
-	policyTrustedKeys   = []string{"task", "values", "paths", "hosts", "cidrs", "ports", "objects"}
+	policyTrustedKeys   = []string{"task", "values", "principal", "paths", "hosts", "cidrs", "ports", "objects"}
 	policySensitiveKeys = []string{"name", "level", "paths", "hosts", "cidrs", "ports", "objects"}
 	policyPartyKeys     = []string{"name", "hosts", "cidrs", "ports", "objects", "clearance"}
 	policyInternalKeys  = []string{"name", "hosts", "cidrs", "ports", "objects"}
@@ -871,6 +871,9 @@ func (p *policyParser) parseTrusted(n *yaml.Node, pol *Policy) {
 	}
 	s := p.parseSelector(m, "trusted", false)
 	pol.TrustedValues = dedupeStrings(s.values)
+	if v := m["principal"]; nodePresent(v) {
+		pol.Principal = dedupeStrings(policyList(p, v, "trusted.principal", p.value))
+	}
 	src := Source{Paths: s.paths, Net: s.net, Objects: s.objects}
 	if len(src.Paths)+len(src.Net.Hosts)+len(src.Net.Prefixes)+len(src.Objects) > 0 {
 		pol.Trusted = []Source{src}
@@ -1322,6 +1325,8 @@ type (
 		CIDRs   []string `yaml:"cidrs,omitempty,flow"`
 		Ports   []uint16 `yaml:"ports,omitempty,flow"`
 		Objects []string `yaml:"objects,omitempty,flow"`
+
+		Principal []string `yaml:"principal,omitempty,flow"` // Policy.Principal
 	}
 	sourceDoc struct {
 		Name    string   `yaml:"name"`
@@ -1442,7 +1447,7 @@ func (p *Policy) YAML() ([]byte, error) {
 	if p.UnknownPartyDefer {
 		d.UnknownParties = "defer"
 	}
-	d.Trusted = trustedDoc{Task: p.TaskTrusted, Values: p.TrustedValues}
+	d.Trusted = trustedDoc{Task: p.TaskTrusted, Values: p.TrustedValues, Principal: p.Principal}
 	if len(p.Trusted) == 1 {
 		s := &p.Trusted[0]
 		d.Trusted.Paths, d.Trusted.Hosts, d.Trusted.CIDRs = globPatterns(s.Paths), globPatterns(s.Net.Hosts), prefixStrings(s.Net.Prefixes)

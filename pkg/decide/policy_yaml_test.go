@@ -235,7 +235,7 @@ var policyErrorCases = []struct {
 	{"unknown top-level key with suggestion", "version: 1\nlevels: [public]\nparites: []\n", []string{
 		`t.yaml:3:1: parites: unknown field (did you mean "parties"?)`}},
 	{"unknown nested key", "version: 1\nlevels: [public]\ntrusted:\n  urls: [x]\n", []string{
-		"t.yaml:4:3: trusted.urls: unknown field (want one of task, values, paths, hosts, cidrs, ports, objects)"}},
+		"t.yaml:4:3: trusted.urls: unknown field (want one of task, values, principal, paths, hosts, cidrs, ports, objects)"}},
 	{"duplicate top-level key", "version: 1\nlevels: [public]\nversion: 1\n", []string{
 		"t.yaml:3:1: version: repeated key (first given at line 1)"}},
 	{"duplicate nested key", "version: 1\nlevels: [public]\nparties:\n  - name: a\n    hosts: [a.com]\n    clearance: public\n    hosts: [b.com]\n", []string{

@@ -912,7 +912,7 @@ func Distinctive(tok string) bool {
 	if isCompactIBAN(tok) {
 		return true
 	}
-	if isDateTime(tok) {
+	if isDateTime(tok) || IsTimeOfDay(tok) {
 		return false
 	}
 	digits, letters, other := 0, 0, 0
@@ -952,6 +952,59 @@ func isDateTime(tok string) bool {
 		}
 	}
 	return true
+}
+
+// IsTimeOfDay reports whether a normalised token is a time of day
+// ("10:00", "14:30:00", "9:15am", "10:00:00.000") or a range of two
+// ("10:00-11:30"): like dates, times recur across unrelated records (every
+// meeting at ten shares one), so they are no evidence that an effect
+// carries a sensitive record.
+func IsTimeOfDay(tok string) bool {
+	if a, b, ok := strings.Cut(tok, "-"); ok {
+		return clockTime(a) && clockTime(b)
+	}
+	return clockTime(tok)
+}
+
+// clockTime reports whether s is H:MM or HH:MM, optionally followed by
+// :SS, a fraction of a second, and "am" or "pm", with the hour and the
+// minutes in range.
+func clockTime(s string) bool {
+	s = strings.TrimSuffix(strings.TrimSuffix(s, "am"), "pm")
+	h, rest, ok := strings.Cut(s, ":")
+	if !ok || len(h) < 1 || len(h) > 2 || !allDigits(h) || atoi2(h) > 24 {
+		return false
+	}
+	parts := strings.Split(rest, ":")
+	if len(parts) > 2 {
+		return false
+	}
+	if len(parts) == 2 {
+		sec, frac, _ := strings.Cut(parts[1], ".")
+		if len(sec) != 2 || !allDigits(sec) || atoi2(sec) > 60 || !allDigits(frac) {
+			return false
+		}
+	}
+	m := parts[0]
+	return len(m) == 2 && allDigits(m) && atoi2(m) < 60
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !isDigit(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// atoi2 is the value of one or two digits.
+func atoi2(s string) int {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		n = 10*n + int(s[i]-'0')
+	}
+	return n
 }
 
 // PhraseMinLen is the number of letters from which a normalised token
