@@ -45,6 +45,10 @@ type Config struct {
 	// (default min(Splits, 50)).
 	Frontier       []float64
 	FrontierSplits int
+	// LOPO adds the leave-one-pipeline-out evaluation (lopo.go) with
+	// LOPOSplits splits per pipeline (default DefaultLOPOSplits).
+	LOPO       bool
+	LOPOSplits int
 	// Progress, when set, is called as splits complete.
 	Progress func(pipeline, stage string, done, total int)
 }
@@ -124,6 +128,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.LedgerSplit == "" {
 		c.LedgerSplit = LedgerDisjoint
+	}
+	if c.LOPOSplits <= 0 {
+		c.LOPOSplits = DefaultLOPOSplits
 	}
 	switch {
 	case len(c.Budgets) == 0:
@@ -506,6 +513,13 @@ func splitSets(eps []*Episode, seed uint64, i int, frac float64) (cal, test []*E
 // method on the test half.
 func evalSplit(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budgets, ledgerAlpha float64, i int, ctr *replayCounters) (*splitResult, error) {
 	cal, test := splitSets(p.Episodes, cfg.Seed, i, cfg.CalFraction)
+	return evalSets(ctx, p, cfg, budgets, ledgerAlpha, cal, test, i, ctr)
+}
+
+// evalSets calibrates on the calibration episodes cal (in a random
+// order) and evaluates every method on the test episodes; i numbers the
+// split in errors.
+func evalSets(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budgets, ledgerAlpha float64, cal, test []*Episode, i int, ctr *replayCounters) (*splitResult, error) {
 	calCRC, calLedger := splitCalibration(cal, cfg.LedgerSplit)
 	res := &splitResult{tau: map[string]float64{}, certOK: map[string]bool{}, nCalEps: len(cal), nCRC: len(calCRC), nLedger: len(calLedger)}
 	art, err := calibrateCRC(calCRC, budgets, cfg.Delta, cfg.Score)

@@ -94,7 +94,9 @@ type Report struct {
 	Version   int              `json:"version"`
 	Config    ReportConfig     `json:"config"`
 	Pipelines []PipelineReport `json:"pipelines"`
-	Seconds   float64          `json:"seconds"`
+	// LOPO is the leave-one-pipeline-out evaluation (Config.LOPO).
+	LOPO    []LOPOReport `json:"lopo,omitempty"`
+	Seconds float64      `json:"seconds"`
 }
 
 // ReportConfig records what the evaluation ran with.
@@ -271,6 +273,13 @@ func Evaluate(ctx context.Context, pipelines []*Pipeline, cfg Config) (*Report, 
 			return nil, err
 		}
 		rep.Pipelines = append(rep.Pipelines, *pr)
+	}
+	if cfg.LOPO {
+		l, err := evaluateLOPO(ctx, pipelines, &cfg)
+		if err != nil {
+			return nil, err
+		}
+		rep.LOPO = l
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	return rep, nil
@@ -540,6 +549,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+	}
+	if err := r.writeLOPOText(w); err != nil {
+		return err
 	}
 	fmt.Fprintf(w, "\ntotal %.1f s\n", r.Seconds)
 	return nil
