@@ -72,7 +72,7 @@ func TestCLIConventions(t *testing.T) {
 // Commands that take no positional argument refuse one before doing
 // anything.
 func TestCLIUnexpectedArguments(t *testing.T) {
-	for _, inv := range [][]string{{"status"}, {"held"}, {"audit", "--pcap", "x.pcapng"}, {"demo"}, {"version"},
+	for _, inv := range [][]string{{"status"}, {"held"}, {"audit", "--pcap", "x.pcapng", "in.pcapng"}, {"demo"}, {"version"},
 		{"replay", "--policy", "p", "--trace", "t"}} {
 		code, out, errs := cli(append(inv, "extra")...)
 		if code != 2 || out != "" || !strings.Contains(errs, `unexpected argument "extra"`) {

@@ -75,6 +75,8 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&vm.Accel, "vm-accel", "", "qemu: accelerator kvm or tcg (default: probe)")
 	vmCA := fs.String("vm-ca", "", "VM backends: PEM `file` of the interception CA the guest trusts")
 	fs.DurationVar(&vm.BootTimeout, "vm-boot-timeout", 0, "VM backends: launch to the guest's hello (default 5m)")
+	pcapPath := fs.String("pcap", "", "stream the run's pcapng audit (every frame with its verdict, the interception's keys) to `file`, mode 0600, as the run goes (default: the working directory's state, "+daemon.DefaultWorkStateRoot+"/<id>/runs/<run>/audit.pcapng; carbd audit --list)")
+	pcapMax := fs.Int64("pcap-max", 0, "cap the pcapng audit at `bytes` (0: 128 MiB; negative: no cap); frames beyond it are counted, not written")
 	holdTimeout := fs.Duration("hold-timeout", 10*time.Second, "longest a packet waits for a decision before it is refused")
 	var icpt daemon.InterceptConfig
 	intercepting := fs.Bool("intercept", true, "intercept the guest's HTTPS (TCP 443) and decide it request by request (netns backend); false: TLS is opaque, decided by server name as carrying everything read so far")
@@ -138,7 +140,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	}
 	cfg := daemon.Config{ID: *id, StateDir: *stateDir, PolicyPath: *policyPath, Policy: p, Workdir: *workdir, Task: *task,
 		Backend: *backend, Argv: argv, Env: agentEnv, UID: *uid, GID: *gid, Upstream: upstream, Hosts: hosts, HoldTimeout: *holdTimeout,
-		AuditPath: *auditPath, Metrics: *metricsAddr, MetricsTextfile: *metricsTextfile, VM: vm, Intercept: icpt, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
+		AuditPath: *auditPath, Pcap: *pcapPath, PcapMaxBytes: *pcapMax, Metrics: *metricsAddr, MetricsTextfile: *metricsTextfile, VM: vm, Intercept: icpt, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
 	cfg.Intercept.Off = !*intercepting
 	switch *oracleName {
 	case "strict":

@@ -81,6 +81,12 @@ type Config struct {
 	// AuditPath gets the JSON-lines decision log (also kept in the
 	// sandbox's state directory).
 	AuditPath string
+	// Pcap, when set, is the file the run's pcapng audit is streamed to
+	// (mode 0600); empty: <WorkStateDir>/runs/<run>/audit.pcapng.
+	Pcap string
+	// PcapMaxBytes caps that file (0: DefaultPcapMaxBytes; negative: no
+	// cap).
+	PcapMaxBytes int64
 	// Metrics, when set, is the address Prometheus metrics are served on.
 	Metrics string
 	// MetricsTextfile, when set, is a directory (node_exporter's textfile

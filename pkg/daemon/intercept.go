@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -156,6 +157,9 @@ func (ic *interceptor) closeKeyLog() error {
 type captureKeyLog struct{ nc *netChannel }
 
 func (k captureKeyLog) Write(p []byte) (int, error) {
+	if s := k.nc.stream; s != nil {
+		_, _ = s.Write(p)
+	}
 	if c := k.nc.cap; c != nil {
 		return c.KeyLog().Write(p)
 	}
@@ -336,7 +340,7 @@ func (ic *interceptor) note(client, dst netip.AddrPort, what string) {
 			what = "…; " + what[cut+i+2:]
 		}
 	}
-	n.reason = what
+	n.reason, n.at = what, time.Now()
 	nc.flows.put(id, n)
 }
 

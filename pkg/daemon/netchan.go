@@ -58,6 +58,11 @@ type netChannel struct {
 	// names maps an address to the names the sandbox's resolver answered
 	// with it, the latest last; bounded (see maxNamedAddrs).
 	names *lruTable[netip.Addr, []string]
+
+	// stream is the streamed pcapng audit (auditfile.go); closeStream
+	// closes it and finishes its run.json.
+	stream      *capture.Stream
+	closeStream func() error
 }
 
 // Bounds of the network channel's tables. A flow's note (its latest
@@ -94,6 +99,7 @@ type flowNote struct {
 	seq     uint64
 	verdict string
 	reason  string
+	at      time.Time // when the note was made
 }
 
 // startNetChannel creates the sandbox behind its veth pair with every
@@ -285,7 +291,12 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 		defer nc.wg.Done()
 		_ = w.Run(ctx, nc.observe)
 	}()
-	if c, err := capture.Start(nc.plan.HostIf, "", 0, 64<<20, capture.WithFrameFunc(w.Record), capture.WithReadBuffer(8<<20)); err == nil {
+	// The streamed pcapng audit, before the capture that feeds it.
+	if nc.stream, nc.closeStream, err = nc.openAuditStream(); err != nil {
+		return err
+	}
+	frame := func(r capture.Record) { w.Record(r); nc.stream.Add(r) }
+	if c, err := capture.Start(nc.plan.HostIf, "", 0, 64<<20, capture.WithFrameFunc(frame), capture.WithReadBuffer(8<<20)); err == nil {
 		nc.cap = c
 	} else {
 		d.log.Warn("capture off: responses are not observed", "err", err)
@@ -449,7 +460,7 @@ func (nc *netChannel) note(k tcx.FlowKey, dec decide.Decision) {
 		v = "held"
 		nc.bySeq[dec.Seq] = id
 	}
-	nc.flows.put(id, flowNote{seq: dec.Seq, verdict: v, reason: dec.Reason.Code + ": " + dec.Justification})
+	nc.flows.put(id, flowNote{seq: dec.Seq, verdict: v, reason: dec.Reason.Code + ": " + dec.Justification, at: time.Now()})
 }
 
 // applyResolution hands a resolved scope to the verdict loop.
@@ -468,12 +479,22 @@ func (nc *netChannel) finals(r *decide.Resolution) {
 	for _, e := range r.Effects {
 		if id, ok := nc.bySeq[e.Seq]; ok {
 			delete(nc.bySeq, e.Seq)
-			nc.flows.put(id, flowNote{seq: e.Seq, verdict: e.Verdict.String(), reason: e.Reason.Code + ": " + e.Justification})
+			nc.flows.put(id, flowNote{seq: e.Seq, verdict: e.Verdict.String(), reason: e.Reason.Code + ": " + e.Justification, at: time.Now()})
 		}
 	}
 }
 
 // annotate labels a captured frame with its flow's latest decision.
+// Frames that never leave the link (ARP, IPv6 neighbour discovery and
+// other link-local traffic, which carbd does not decide) are
+// "link-local"; a frame of a flow without a decision is "undecided".
+//
+// Final (the streamed audit writes the frame now) is set for link-local
+// frames and for frames of a decided, not held flow, except the sandbox's
+// frames with payload captured before the flow's latest decision: the
+// capture sees a frame before the verdict loop decides it, and a kept-
+// alive connection's next request may be decided otherwise. Such frames
+// wait for a newer decision or the stream's delay (the hold timeout).
 func (nc *netChannel) annotate(r capture.Record) capture.Annotation {
 	p := gopacket.NewPacket(r.Data, layers.LayerTypeEthernet, gopacket.NoCopy)
 	var src, dst netip.Addr
@@ -488,14 +509,26 @@ func (nc *netChannel) annotate(r capture.Record) capture.Annotation {
 		dst, _ = netip.AddrFromSlice(ip.DstIP)
 		proto = uint8(ip.NextHeader)
 	default:
-		return capture.Annotation{}
+		what := "not IP"
+		if eth, ok := p.LinkLayer().(*layers.Ethernet); ok {
+			what = eth.EthernetType.String()
+		}
+		return capture.Annotation{Verdict: "link-local", Reason: what + " (not an effect beyond the link)", Final: true}
+	}
+	if linkLocal(src) || linkLocal(dst) {
+		return capture.Annotation{Verdict: "link-local", Reason: "link-local address (not an effect beyond the link)", Final: true}
 	}
 	var sp, dpt uint16
+	payload := false
 	switch l4 := p.TransportLayer().(type) {
 	case *layers.TCP:
 		sp, dpt = uint16(l4.SrcPort), uint16(l4.DstPort)
+		payload = len(l4.Payload) > 0 || l4.SYN || l4.FIN
 	case *layers.UDP:
 		sp, dpt = uint16(l4.SrcPort), uint16(l4.DstPort)
+		payload = true
+	default:
+		payload = true
 	}
 	id := newFlowID(netip.AddrPortFrom(src.Unmap(), sp), netip.AddrPortFrom(dst.Unmap(), dpt), proto)
 	nc.mu.Lock()
@@ -504,7 +537,13 @@ func (nc *netChannel) annotate(r capture.Record) capture.Annotation {
 	if !ok {
 		return capture.Annotation{Verdict: "undecided"}
 	}
-	return capture.Annotation{Verdict: n.verdict, Seq: n.seq, Reason: n.reason}
+	final := n.verdict != "held" && !(r.Dir == capture.Egress && payload && n.at.Before(r.Time))
+	return capture.Annotation{Verdict: n.verdict, Seq: n.seq, Reason: n.reason, Final: final}
+}
+
+// linkLocal: addresses whose traffic stays on the sandbox's link.
+func linkLocal(a netip.Addr) bool {
+	return a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast()
 }
 
 func (nc *netChannel) writePcap(w io.Writer) error {
@@ -521,6 +560,10 @@ func (nc *netChannel) close() error {
 	}
 	if nc.cap != nil {
 		nc.cap.Close()
+	}
+	if nc.closeStream != nil {
+		// Frames still held back are written with their verdicts now.
+		errs = append(errs, nc.closeStream())
 	}
 	if nc.dns != nil {
 		nc.dns.Close()
