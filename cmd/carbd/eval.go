@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carbd/carbd/internal/tty"
 	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/calib/agentdojo"
 	"github.com/carbd/carbd/pkg/calib/eval"
@@ -21,7 +22,7 @@ func init() {
 		forms: []form{{"agentdojo", "calibrate and test on splits of recorded AgentDojo runs: attack success, utility, effects released, per-role budgets, against baselines"}}, run: runEval})
 }
 
-const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE]"
+const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE] [--quiet]"
 
 func runEval(ctx context.Context, e *env, args []string) error {
 	if args[0] != "agentdojo" {
@@ -37,6 +38,7 @@ type agentdojoFlags struct {
 	ledgerSplit, ablate                             string
 	ledgerAlpha, delta                              float64
 	workers                                         int
+	quiet                                           bool
 	errors                                          agentdojo.ErrorCounting // set by eval only
 }
 
@@ -44,6 +46,7 @@ func (f *agentdojoFlags) register(fs interface {
 	StringVar(*string, string, string, string)
 	Float64Var(*float64, string, float64, string)
 	IntVar(*int, string, int, string)
+	BoolVar(*bool, string, bool, string)
 }) {
 	fs.StringVar(&f.runs, "runs", "", "AgentDojo runs: a runs-*.tar.gz, a directory of them (the data directory), or an unpacked folder (required)")
 	fs.StringVar(&f.policies, "policies", "examples/agentdojo", "directory of the suite policies (<suite>.yaml): the operator's policy, trace roles and kinds")
@@ -56,6 +59,13 @@ func (f *agentdojoFlags) register(fs interface {
 	fs.StringVar(&f.kind, "score", string(score.KindNgram), "per-field similarity kind: token, ngram or max")
 	fs.StringVar(&f.ablate, "ablate", "", "refinements of the engine to switch off, for the ablation study: comma-separated of "+strings.Join(decide.AblationNames, ", "))
 	fs.IntVar(&f.workers, "workers", 0, "parallel workers (default: GOMAXPROCS)")
+	fs.BoolVar(&f.quiet, "quiet", false, "no progress line on stderr (there is none when stderr is not a terminal)")
+}
+
+// showProgress says whether to draw progress lines: only for a person
+// watching a terminal.
+func (f *agentdojoFlags) showProgress(e *env) bool {
+	return !f.quiet && tty.IsTerminal(e.stderr)
 }
 
 // load validates the shared flags and loads the pipelines.
@@ -98,10 +108,10 @@ func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval
 	if len(attacks) == 1 && attacks[0] == "all" {
 		attacks = nil
 	}
-	prog := newProgress(e.stderr)
+	prog := newProgress(e.stderr, f.showProgress(e))
 	ps, err := eval.Load(ctx, eval.LoadConfig{Runs: f.runs, Policies: f.policies, Pipelines: pipes, Attacks: attacks,
 		Score: kind, Seed: seed, Workers: f.workers, Errors: f.errors, Ablate: ablate,
-		Progress: func(p string, done int) { prog.update(p, "prepare", done, 0) }})
+		Progress: prog.update})
 	prog.finish()
 	if err != nil {
 		return nil, nil, "", err
@@ -166,10 +176,15 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	if *plotPath != "" || *frontier {
 		cfg.Frontier = eval.DefaultFrontier
 	}
-	prog := newProgress(e.stderr)
-	cfg.Progress = prog.update
+	var meter *eval.Meter
+	if f.showProgress(e) {
+		meter = eval.NewMeter(e.stderr, eval.PlannedSplits(cfg, len(ps)), eval.MeterOptions{Rewrite: true, Every: 500 * time.Millisecond})
+		cfg.Progress = meter.Update
+	}
 	rep, err := eval.Evaluate(ctx, ps, cfg)
-	prog.finish()
+	if meter != nil {
+		meter.Finish()
+	}
 	if err != nil {
 		return err
 	}
@@ -211,37 +226,39 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-// progress prints a throttled progress line on stderr for long runs.
+// progress draws the loading's progress on a terminal: one line,
+// rewritten in place at most every 200 ms, ended by finish.
 type progress struct {
-	mu    sync.Mutex
-	w     io.Writer
-	last  time.Time
-	line  string
-	dirty bool
+	mu   sync.Mutex
+	w    io.Writer
+	on   bool
+	last time.Time
+	runs int
 }
 
-func newProgress(w io.Writer) *progress { return &progress{w: w} }
+func newProgress(w io.Writer, on bool) *progress { return &progress{w: w, on: on} }
 
-func (p *progress) update(pipeline, stage string, done, total int) {
+// update records that a pipeline has done runs prepared (eval.LoadConfig.Progress).
+func (p *progress) update(pipeline string, done int) {
+	if !p.on {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if total > 0 {
-		p.line = fmt.Sprintf("%s: %s %d/%d", pipeline, stage, done, total)
-	} else {
-		p.line = fmt.Sprintf("%s: %s %d runs", pipeline, stage, done)
-	}
-	p.dirty = true
-	if time.Since(p.last) >= 2*time.Second || (total > 0 && done == total) {
-		fmt.Fprintln(p.w, "progress: "+strings.TrimSpace(p.line))
-		p.last, p.dirty = time.Now(), false
+	p.runs++
+	if time.Since(p.last) >= 200*time.Millisecond {
+		fmt.Fprintf(p.w, "\rloading: %d runs prepared (%s: %d)\033[K", p.runs, pipeline, done)
+		p.last = time.Now()
 	}
 }
 
 func (p *progress) finish() {
+	if !p.on {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.dirty {
-		fmt.Fprintln(p.w, "progress: "+p.line)
-		p.dirty = false
+	if p.runs > 0 {
+		fmt.Fprintf(p.w, "\rloading: %d runs prepared\033[K\n", p.runs)
 	}
 }
