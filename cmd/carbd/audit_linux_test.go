@@ -159,7 +159,7 @@ func TestAuditStreamSurvivesKill(t *testing.T) {
 	bin := carbdBinary(t)
 	testutil.RequireTool(t, "curl")
 	tshark := testutil.RequireTool(t, "tshark")
-	w := newWorld(t, 86)
+	w := newWorld(t, 89)
 	work := cliWorkdir(t)
 	pcap := filepath.Join(t.TempDir(), "live.pcapng")
 	r := startRun(t, bin, w, work, `
