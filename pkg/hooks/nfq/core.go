@@ -30,9 +30,13 @@ type packet struct {
 	// csumNotReady: the kernel has not computed the transport checksum
 	// (a GSO packet queued whole).
 	csumNotReady bool
-	truncated    bool
-	pk           peeked
-	peekErr      error
+	// gso: queued whole as a GSO packet (NFQA_SKB_GSO, only with
+	// Config.GSO): a UDP one may be several datagrams (see
+	// errUDPSuperPacket).
+	gso       bool
+	truncated bool
+	pk        peeked
+	peekErr   error
 	// TCP payload range [seq, end) and the payload (a view into data),
 	// set by the worker for held packets.
 	seq, end uint32
@@ -367,6 +371,9 @@ type worker struct {
 	effects map[uint64]*effect
 	dgq     map[tcx.FlowKey][]*effect // datagram effects by flow, in arrival order
 	frags   map[netparse.FragKey][]*packet
+	// hws: the hardware address each source was last seen with on each
+	// interface (see learnHW).
+	hws     map[hwKey][6]byte
 	nextID  uint64
 	expired time.Time // last parser.Expire
 }
@@ -436,6 +443,7 @@ func newWorker(c *core, idx int) *worker {
 		effects: map[uint64]*effect{},
 		dgq:     map[tcx.FlowKey][]*effect{},
 		frags:   map[netparse.FragKey][]*packet{},
+		hws:     map[hwKey][6]byte{},
 	}
 	w.parser = w.newParser()
 	return w
@@ -611,6 +619,7 @@ func (w *worker) handle(p *packet) {
 		w.drop(p, DropMalformed)
 		return
 	}
+	w.learnHW(p)
 	pk := &p.pk
 	var f *flowState
 	if pk.hasKey {
@@ -658,6 +667,40 @@ func (w *worker) handle(p *packet) {
 		return
 	}
 	w.handleDatagram(p, pkt, res)
+}
+
+// hwKey is a source address on an input interface.
+type hwKey struct {
+	ifindex uint32
+	addr    netip.Addr
+}
+
+// maxHWs bounds a worker's hardware address table (a guest can make up
+// source addresses): when full it starts over.
+const maxHWs = 4096
+
+// learnHW gives a packet queued without the client's hardware address
+// the one its source was last seen with on the same interface. The
+// kernel leaves NFQA_HWADDR out of the segments of a GSO packet it
+// segments before queueing (segmentation resets the MAC header): under
+// a VMM's tap offloads most packets of a large request come so, and
+// without the address a refused flow's RST, or a refused datagram's ICMP
+// error, could not be sent.
+func (w *worker) learnHW(p *packet) {
+	if !p.pk.src.IsValid() {
+		return
+	}
+	k := hwKey{p.indev, p.pk.src}
+	if p.hasHW {
+		if _, ok := w.hws[k]; !ok && len(w.hws) >= maxHWs {
+			clear(w.hws)
+		}
+		w.hws[k] = p.hw
+		return
+	}
+	if hw, ok := w.hws[k]; ok {
+		p.hw, p.hasHW = hw, true
+	}
 }
 
 // resync: a data packet of a TCP flow this loop has no state for (it
@@ -861,6 +904,9 @@ func (w *worker) handleDatagram(p *packet, pkt *netparse.Packet, res *netparse.R
 			return
 		}
 	}
+	if p.gso && pkt.Proto == netparse.ProtoUDP && (e.Kind == netparse.KindDNS || e.Kind == netparse.KindUDP) {
+		e.Kind, e.Opaque = netparse.KindUDP, errUDPSuperPacket
+	}
 	ev := e.Event()
 	de := &effect{ev: &ev, flowVerdict: flowVerdict, span: netparse.SpanNone, udp: pkt.Proto == netparse.ProtoUDP, key: key}
 	if pkt.Reassembled {
@@ -883,6 +929,16 @@ func (w *worker) handleDatagram(p *packet, pkt *netparse.Packet, res *netparse.R
 	w.dgq[key] = append(w.dgq[key], de)
 	w.submit(de, Meta{Flow: key, Kind: e.Kind, Span: e.Span, Time: e.Time, Local: p.local})
 }
+
+// errUDPSuperPacket is why a UDP packet queued whole as a GSO packet is
+// decided as opaque: with UDP segmentation offload (a guest's
+// UDP_SEGMENT, a VMM's tap with TUN_F_USO) it is several datagrams
+// that the kernel splits only after the verdict, and the queue shows
+// neither its segment size nor where each datagram starts. Parsed as one
+// datagram, a DNS super-packet would be decided by its first query while
+// the others ride along. (A UFO datagram, one datagram the kernel
+// fragments, looks the same from the queue and is decided the same.)
+var errUDPSuperPacket = errors.New("nfq: udp gso packet: datagram boundaries not visible")
 
 // datagramKey is the fast path's key of a non-TCP packet.
 func datagramKey(pk *netparse.Packet) tcx.FlowKey {

@@ -226,6 +226,8 @@ func packetFrom(a *nfqueue.Attribute) *packet {
 		// NFQA_SKB_CSUMNOTREADY: a GSO packet queued whole, checksum
 		// still to be computed.
 		p.csumNotReady = binary.BigEndian.Uint32(*a.SkbInfo)&1 != 0
+		// NFQA_SKB_GSO: queued whole as a GSO packet.
+		p.gso = binary.BigEndian.Uint32(*a.SkbInfo)&2 != 0
 	}
 	return p
 }
