@@ -124,13 +124,18 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 	// A crash leaves pinned state and rules behind; the sandbox died with
 	// its daemon, so start from a clean slate (egress stayed dropped
 	// meanwhile: the rules drop what is not marked).
+	// The crashed run's link goes first: while it exists, the surviving
+	// sandbox can send (a retransmission of a held request), and once its
+	// program and rules are gone nothing would stop that.
+	if l, err := netlink.LinkByName(plan.HostIf); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			return nil, fmt.Errorf("remove the crashed run's link %s: %w", plan.HostIf, err)
+		}
+	}
 	tcfg := tcx.Config{SandboxID: d.cfg.ID, Ifname: plan.HostIf}
 	_ = tcx.Remove(tcfg)
 	nc.rules = nfrules.Config{SandboxID: d.cfg.ID, Iface: plan.HostIf, QueueNum: plan.Queue}
 	_ = nfrules.Remove(nc.rules)
-	if l, err := netlink.LinkByName(plan.HostIf); err == nil {
-		_ = netlink.LinkDel(l)
-	}
 
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	nc.cancel = cancel
