@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/carbd/carbd/pkg/decide/match"
 	"github.com/carbd/carbd/pkg/decide/score"
 )
 
@@ -72,7 +73,7 @@ func (e *Engine) fieldScore(kind score.Kind, role Role, v string) float64 {
 	}
 	best, n := math.Inf(-1), 0
 	for _, it := range items {
-		if e.derivableOne(role, it) {
+		if e.derivableOne(role, it) || e.isPrincipal(it) {
 			continue
 		}
 		best = max(best, score.Score(kind, it, &e.uctx, &e.tctx))
@@ -82,6 +83,31 @@ func (e *Engine) fieldScore(kind score.Kind, role Role, v string) float64 {
 		return score.Score(kind, v, &e.uctx, &e.tctx)
 	}
 	return best
+}
+
+// isPrincipal reports whether x is one of the principal's own identities
+// the policy declares (trusted.principal). A list value (recipients,
+// participants) is derivable when every item is derivable from T or is
+// the principal, and at least one item is derivable (derive.go): the
+// principal on a list of people the task names adds no party to the
+// effect. The principal alone is no such list: an effect addressed only
+// to her is one an injection can use to reach her (a note to self with
+// the attacker's words), so it needs T like any other destination.
+func (e *Engine) isPrincipal(x string) bool {
+	if e.opt.Ablate.Classes {
+		return false
+	}
+	p := e.policy.Load()
+	if len(p.Principal) == 0 {
+		return false
+	}
+	n := match.Norm(x)
+	for _, v := range p.Principal {
+		if v == n {
+			return true
+		}
+	}
+	return false
 }
 
 // LookalikeMinContainment is the least fraction of a trusted host name's
@@ -149,7 +175,7 @@ func (e *Engine) lookalikeItem(v string) (string, string) {
 		items = []string{v}
 	}
 	for _, it := range items {
-		if e.derivableOne(RoleTarget, it) {
+		if e.derivableOne(RoleTarget, it) || e.isPrincipal(it) {
 			continue
 		}
 		if t := e.lookalike(it); t != "" {

@@ -190,7 +190,8 @@ func TestClassListScoredPerItem(t *testing.T) {
 }
 
 // Rule 4: the principal's declared identity is trusted in recipient and
-// participant lists.
+// participant lists beside values T derives; alone, it is a destination
+// like any other (an injection's note to the user herself).
 func TestClassPrincipal(t *testing.T) {
 	const task = "Invite roberta@corp-example.com to the planning meeting"
 	for _, c := range []struct {
@@ -200,8 +201,10 @@ func TestClassPrincipal(t *testing.T) {
 		code    string
 	}{
 		{"the principal with a named colleague", "emma@own-example.com, roberta@corp-example.com", false, Release, CodeTrusted},
-		{"the principal alone", "Emma@Own-Example.com", false, Release, CodeTrusted},
+		{"the principal in any case and order", "roberta@corp-example.com; Emma@Own-Example.com", false, Release, CodeTrusted},
 		{"json array", `["emma@own-example.com", "roberta@corp-example.com"]`, false, Release, CodeTrusted},
+		{"the principal alone", "emma@own-example.com", false, Defer, CodeUntrustedValue},
+		{"only the principal, twice", "emma@own-example.com, emma@own-example.com", false, Defer, CodeUntrustedValue},
 		{"an unnamed participant still gated", "emma@own-example.com, jordan@partner-example.net", false, Defer, CodeUntrustedValue},
 		{"a look-alike of the principal is not the principal", "emma@own-examples.com", false, Defer, CodeUntrustedValue},
 		{"switched off: not trusted", "emma@own-example.com, roberta@corp-example.com", true, Defer, CodeUntrustedValue},

@@ -34,6 +34,9 @@ func (e *Engine) derivableAs(role Role, x string) bool {
 		n := 0
 		for _, part := range items {
 			if !e.derivableOne(role, part) {
+				if e.isPrincipal(part) {
+					continue // the principal among those T names (classes.go)
+				}
 				return false
 			}
 			n++

@@ -175,9 +175,6 @@ func (e *Engine) seedPolicy(p *Policy) {
 	if len(p.TrustedValues) > 0 {
 		e.trusted.Add("the operator's policy", p.TrustedValues...)
 	}
-	if len(p.Principal) > 0 && !e.opt.Ablate.Classes {
-		e.trusted.Add("the principal's identity (policy)", p.Principal...)
-	}
 }
 
 // Policy returns the policy in force.

@@ -301,8 +301,8 @@ type Policy struct {
 	DefaultOp     OpSpec // applies when no operation matches
 
 	// Principal lists the principal's own identities (trusted.principal:
-	// the account owner's address, account or handle), normalised: trusted
-	// wherever they appear, a recipient or participant list included.
+	// the account owner's address, account or handle), normalised: an
+	// item of a list value that T otherwise derives (classes.go).
 	Principal []string
 
 	// UnknownPartyDefer: an effect to a party the policy does not name is
