@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	agentdojopolicies "github.com/carbd/carbd/examples/agentdojo"
 	"github.com/carbd/carbd/internal/tty"
 	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/calib/agentdojo"
@@ -22,7 +23,7 @@ func init() {
 		forms: []form{{"agentdojo", "calibrate and test on splits of recorded AgentDojo runs: attack success, utility, effects released, per-role budgets, against baselines"}}, run: runEval})
 }
 
-const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--lopo] [--lopo-splits 20] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE] [--quiet]"
+const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE] [--quiet]"
 
 func runEval(ctx context.Context, e *env, args []string) error {
 	if args[0] != "agentdojo" {
@@ -49,7 +50,7 @@ func (f *agentdojoFlags) register(fs interface {
 	BoolVar(*bool, string, bool, string)
 }) {
 	fs.StringVar(&f.runs, "runs", "", "AgentDojo runs: a runs-*.tar.gz, a directory of them (the data directory), or an unpacked folder (required)")
-	fs.StringVar(&f.policies, "policies", "examples/agentdojo", "directory of the suite policies (<suite>.yaml): the operator's policy, trace roles and kinds")
+	fs.StringVar(&f.policies, "policies", "", "directory of the suite policies (<suite>.yaml): the operator's policy, trace roles and kinds (default: the example policies built into carbd, "+agentdojopolicies.Name+")")
 	fs.StringVar(&f.pipelines, "pipelines", "", "comma-separated pipelines to use (default: every pipeline found)")
 	fs.StringVar(&f.attacks, "attacks", "important_instructions", "comma-separated attacks whose attacked runs are used; \"all\" for every attack")
 	fs.StringVar(&f.alpha, "alpha", "target=0.01,credential=0.01,command=0.01", "per-role CRC budgets role=alpha,...")
@@ -66,6 +67,14 @@ func (f *agentdojoFlags) register(fs interface {
 // watching a terminal.
 func (f *agentdojoFlags) showProgress(e *env) bool {
 	return !f.quiet && tty.IsTerminal(e.stderr)
+}
+
+// policiesName names the suite policies in reports.
+func (f *agentdojoFlags) policiesName() string {
+	if f.policies == "" {
+		return agentdojopolicies.Name + " (built in)"
+	}
+	return f.policies
 }
 
 // load validates the shared flags and loads the pipelines.
@@ -109,9 +118,13 @@ func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval
 		attacks = nil
 	}
 	prog := newProgress(e.stderr, f.showProgress(e))
-	ps, err := eval.Load(ctx, eval.LoadConfig{Runs: f.runs, Policies: f.policies, Pipelines: pipes, Attacks: attacks,
+	lc := eval.LoadConfig{Runs: f.runs, Policies: f.policies, Pipelines: pipes, Attacks: attacks,
 		Score: kind, Seed: seed, Workers: f.workers, Errors: f.errors, Ablate: ablate,
-		Progress: prog.update})
+		Progress: prog.update}
+	if f.policies == "" {
+		lc.Policies, lc.PolicyFS = agentdojopolicies.Name, agentdojopolicies.FS
+	}
+	ps, err := eval.Load(ctx, lc)
 	prog.finish()
 	if err != nil {
 		return nil, nil, "", err
@@ -141,8 +154,6 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	var f agentdojoFlags
 	f.register(fs)
 	splits := fs.Int("splits", 200, "random calibration/test splits (by episode)")
-	lopo := fs.Bool("lopo", false, "also evaluate leave-one-pipeline-out: calibrate on every other pipeline, test on the left-out one (needs 2 or more pipelines)")
-	lopoSplits := fs.Int("lopo-splits", eval.DefaultLOPOSplits, "leave-one-pipeline-out splits per pipeline (random divisions of the calibration episodes)")
 	seed := fs.Uint64("seed", 1, "seed of the splits (and of the equal-size random evidence)")
 	asJSON := fs.Bool("json", false, "print the report as JSON (docs/evaluation.md) instead of tables")
 	plotPath := fs.String("plot", "", "write the risk-utility frontier as a PNG `file` (computes the frontier)")
@@ -160,9 +171,6 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	if *splits < 1 {
 		return fmt.Errorf("%w: --splits %d", errUsage, *splits)
 	}
-	if *lopoSplits < 1 {
-		return fmt.Errorf("%w: --lopo-splits %d", errUsage, *lopoSplits)
-	}
 	if *frontierSplits < 1 {
 		return fmt.Errorf("%w: --frontier-splits %d", errUsage, *frontierSplits)
 	}
@@ -176,11 +184,8 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *lopo && len(ps) < 2 {
-		return fmt.Errorf("%w: --lopo needs 2 or more pipelines, got %d", errUsage, len(ps))
-	}
 	cfg := eval.Config{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, LedgerSplit: f.ledgerSplit, Delta: f.delta, Score: kind, Splits: *splits,
-		Seed: *seed, Workers: f.workers, FrontierSplits: *frontierSplits, LOPO: *lopo, LOPOSplits: *lopoSplits}
+		Seed: *seed, Workers: f.workers, FrontierSplits: *frontierSplits}
 	if *plotPath != "" || *frontier {
 		cfg.Frontier = eval.DefaultFrontier
 	}
@@ -197,7 +202,7 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	rep.Seconds = time.Since(start).Seconds()
-	rep.Config.Runs, rep.Config.Policies, rep.Config.Attacks = f.runs, f.policies, f.attackList()
+	rep.Config.Runs, rep.Config.Policies, rep.Config.Attacks = f.runs, f.policiesName(), f.attackList()
 	rep.Config.ErroredRuns = string(errs)
 	rep.Config.Ablate = f.ablate
 	for _, p := range ps {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -67,6 +68,9 @@ type LoadConfig struct {
 	// Progress, when set, is called after each prepared run with the
 	// number done so far and the pipeline.
 	Progress func(pipeline string, done int)
+	// PolicyFS, when set, holds the suite policies instead of the
+	// directory Policies, which then names them in messages.
+	PolicyFS fs.FS
 }
 
 // Load reads the runs of the selected pipelines and prepares every
@@ -75,7 +79,13 @@ type LoadConfig struct {
 // prepared become Problems. It fails only when nothing can be read at all
 // (a missing path or policy directory, a selected pipeline with no run).
 func Load(ctx context.Context, cfg LoadConfig) ([]*Pipeline, error) {
-	specs, err := agentdojo.LoadSuiteSpecs(cfg.Policies)
+	load := agentdojo.LoadSuiteSpecs
+	if cfg.PolicyFS != nil {
+		load = func(name string) (map[string]*agentdojo.SuiteSpec, error) {
+			return agentdojo.LoadSuiteSpecsFS(cfg.PolicyFS, name)
+		}
+	}
+	specs, err := load(cfg.Policies)
 	if err != nil {
 		return nil, err
 	}

@@ -8,9 +8,10 @@ import (
 )
 
 // PlannedSplits is how many splits Evaluate runs for n pipelines under
-// cfg: per pipeline cfg.Splits, and with a frontier FrontierSplits per
-// budget of each sweep (a budget under a pipeline's ledger floor is
-// skipped after its first splits fail; Meter counts it as done then).
+// cfg: per pipeline cfg.Splits, with a frontier FrontierSplits per
+// budget of each sweep, and with LOPO LOPOSplits. A frontier budget
+// under a pipeline's ledger floor stops after its first splits fail;
+// Meter counts it as done when the next stage reports.
 func PlannedSplits(cfg Config, n int) int {
 	if err := cfg.setDefaults(); err != nil {
 		return 0
@@ -18,6 +19,9 @@ func PlannedSplits(cfg Config, n int) int {
 	per := cfg.Splits
 	if len(cfg.Frontier) > 0 {
 		per += 2 * len(cfg.Frontier) * cfg.FrontierSplits // the CRC and the ledger sweeps
+	}
+	if cfg.LOPO {
+		per += cfg.LOPOSplits // leave-one-pipeline-out, each pipeline left out once
 	}
 	return n * per
 }

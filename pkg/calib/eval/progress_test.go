@@ -22,6 +22,9 @@ func TestPlannedSplits(t *testing.T) {
 	if got := PlannedSplits(Config{Frontier: DefaultFrontier}, 2); got != 2*(200+2*6*50) {
 		t.Errorf("with the frontier: %d, want %d", got, 2*(200+2*6*50))
 	}
+	if got := PlannedSplits(Config{Splits: 10, LOPO: true}, 3); got != 3*(10+DefaultLOPOSplits) {
+		t.Errorf("with leave-one-pipeline-out: %d, want %d", got, 3*(10+DefaultLOPOSplits))
+	}
 }
 
 // The overall count runs across stages and pipelines; a stage that stops
