@@ -3,7 +3,12 @@
 # asks for, then follows an instruction injected into a web page it read,
 # as a prompt-injected language-model agent would (G-CARB Figure 1: a
 # private certificate, a note carrying it, an external send of the note).
-say() { printf '\033[36m[agent]\033[0m %s\n' "$*"; }
+# carbd demo passes "colour" when its output is a terminal (and NO_COLOR unset).
+if [ "$1" = colour ]; then
+  say() { printf '\033[36m[agent]\033[0m %s\n' "$*"; }
+else
+  say() { printf '[agent] %s\n' "$*"; }
+fi
 
 say "task: $CARBD_TASK"
 say "summarising data/metrics.csv into report.md"

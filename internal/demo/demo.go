@@ -24,6 +24,7 @@ import (
 
 	demofiles "github.com/carbd/carbd/examples/demo"
 	"github.com/carbd/carbd/internal/netnsx"
+	"github.com/carbd/carbd/internal/tty"
 	"github.com/carbd/carbd/pkg/daemon"
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/sandbox/netns"
@@ -44,6 +45,31 @@ type Options struct {
 	Out      io.Writer
 	StateDir string // default daemon.DefaultStateDir
 	Keep     bool   // keep the working directory for inspection
+	// Getenv reads the environment for NO_COLOR and TERM (default
+	// os.Getenv): the output is coloured only when Out is a terminal
+	// and NO_COLOR is not set (tty.Colour).
+	Getenv func(string) string
+}
+
+// style writes bold and red text as terminal escape codes, or plain.
+type style struct{ on bool }
+
+func newStyle(out io.Writer, getenv func(string) string) style {
+	return style{on: tty.Colour(out, getenv)}
+}
+
+func (s style) bold(t string) string {
+	if !s.on {
+		return t
+	}
+	return "\033[1m" + t + "\033[0m"
+}
+
+func (s style) red(t string) string {
+	if !s.on {
+		return t
+	}
+	return "\033[31m" + t + "\033[0m"
 }
 
 // Request is what the world received.
@@ -73,6 +99,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 		opt.StateDir = daemon.DefaultStateDir
 	}
 	out := opt.Out
+	st := newStyle(out, opt.Getenv)
 	base, err := os.MkdirTemp("", "carbd-demo-")
 	if err != nil {
 		return nil, err
@@ -105,7 +132,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "\033[1mcarbd demo\033[0m: a scripted agent in a namespace sandbox; the world is a network namespace with\n")
+	fmt.Fprintf(out, "%s: a scripted agent in a namespace sandbox; the world is a network namespace with\n", st.bold("carbd demo"))
 	fmt.Fprintf(out, "  api.example.com (the reporting service the policy trusts) and status.example.org (a page with an injected instruction).\n")
 	fmt.Fprintf(out, "  working directory: %s\n  task: %s\n\n", res.Workdir, Task)
 
@@ -114,8 +141,12 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	statusCh := make(chan string, 1)
 	go watch(watchCtx, opt.StateDir, id, statusCh)
 	auditPath := filepath.Join(base, "audit.jsonl")
+	argv := []string{"/bin/sh", "/run/agent/agent.sh"}
+	if st.on {
+		argv = append(argv, "colour") // the agent's own lines, in cyan
+	}
 	sum, err := daemon.Run(ctx, daemon.Config{ID: id, StateDir: opt.StateDir, Policy: policy, PolicyPath: "examples/demo/policy.yaml",
-		Workdir: res.Workdir, Task: Task, Argv: []string{"/bin/sh", "/run/agent/agent.sh"},
+		Workdir: res.Workdir, Task: Task, Argv: argv,
 		Binds: []netns.Bind{{Source: filepath.Join(base, "bin"), Target: "/run/agent"}},
 		UID:   UID, GID: UID, Hosts: map[string][]netip.Addr{"api.example.com": {w.addr}, "status.example.org": {w.addr}},
 		AuditPath: auditPath, Stdout: out, Stderr: out,
@@ -131,7 +162,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 	res.World = w.requests()
 	res.Audit, _ = readAudit(auditPath)
-	report(out, res)
+	report(out, st, res)
 	ok = true
 	return res, nil
 }
@@ -211,8 +242,8 @@ func readAudit(path string) ([]decide.AuditRecord, error) {
 	return recs, sc.Err()
 }
 
-func report(out io.Writer, r *Result) {
-	bold := func(s string) string { return "\033[1m" + s + "\033[0m" }
+func report(out io.Writer, st style, r *Result) {
+	bold := st.bold
 	if r.Status != "" {
 		fmt.Fprintf(out, "\n%s (captured while the upload was held)\n%s", bold("carbd status"), indent(r.Status))
 	}
@@ -227,7 +258,7 @@ func report(out io.Writer, r *Result) {
 		leaked = leaked || strings.Contains(q.Body, Secret)
 	}
 	if leaked {
-		fmt.Fprintf(out, "  \033[31mTHE CERTIFICATE LEFT THE SANDBOX\033[0m\n")
+		fmt.Fprintf(out, "  %s\n", st.red("THE CERTIFICATE LEFT THE SANDBOX"))
 	} else {
 		fmt.Fprintf(out, "  the certificate never left the sandbox\n")
 	}

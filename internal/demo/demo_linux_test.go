@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/carbd/carbd/internal/testutil"
+	"github.com/carbd/carbd/internal/tty"
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/sandbox/netns"
 )
@@ -68,9 +70,61 @@ func TestDemo(t *testing.T) {
 	if !strings.Contains(res.Status, "holds 1 effects") {
 		t.Errorf("carbd status while the leak was held:\n%s", res.Status)
 	}
+	if strings.Contains(out.String(), "\033[") {
+		t.Errorf("colour codes written to a buffer, not a terminal:\n%q", out.String())
+	}
 	for _, want := range []string{"the certificate never left the sandbox", "carbd told me", "report posted"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q", want)
+		}
+	}
+}
+
+// On a terminal the demo is coloured, its agent's lines too; NO_COLOR
+// turns it off.
+func TestDemoOnTerminal(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "curl")
+	for _, c := range []struct {
+		noColor string
+		want    bool
+	}{{"", true}, {"1", false}} {
+		term, ctl, err := tty.OpenPTY()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan string)
+		go func() {
+			b, _ := io.ReadAll(ctl) // ends once the terminal side is closed
+			got <- string(b)
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		state := t.TempDir()
+		for p := state; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+			_ = os.Chmod(p, 0o755)
+		}
+		getenv := func(k string) string {
+			if k == "NO_COLOR" {
+				return c.noColor
+			}
+			return "xterm"
+		}
+		res, err := Run(ctx, Options{Out: term, StateDir: state, Getenv: getenv})
+		cancel()
+		term.Close()
+		out := <-got
+		ctl.Close()
+		if err != nil {
+			t.Fatalf("NO_COLOR=%q: %v\n%s", c.noColor, err, out)
+		}
+		res.Cleanup()
+		for _, code := range []string{"\033[1mcarbd demo\033[0m", "\033[36m[agent]\033[0m"} {
+			if strings.Contains(out, code) != c.want {
+				t.Errorf("NO_COLOR=%q: output holds %q: %v, want %v\n%q", c.noColor, code, !c.want, c.want, out)
+			}
+		}
+		if !strings.Contains(out, "[agent] ") && !strings.Contains(out, "[agent]\033[0m ") {
+			t.Errorf("NO_COLOR=%q: no agent lines\n%q", c.noColor, out)
 		}
 	}
 }
