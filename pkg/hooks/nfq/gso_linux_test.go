@@ -68,10 +68,17 @@ func contains(s string) func(Meta, *decide.Event) bool {
 // checkQueueSaw checks what the queue received against the GSO flag:
 // without it, segments of at most the MTU with finished checksums; with
 // it, super-packets with CSUMNOTREADY.
-func checkQueueSaw(t *testing.T, gso bool, q *queueLog) {
+//
+// Either way the parser must take every packet: a partial checksum it
+// took for a corrupt one would be dropped for a retransmission
+// (drop-retry) that carries the same partial checksum.
+func checkQueueSaw(t *testing.T, e *env, gso bool, q *queueLog) {
 	t.Helper()
 	s := q.snapshot()
 	t.Logf("queue received %s", q.String())
+	if n := e.loop.Stats().Verdicts[DropRetry]; n != 0 {
+		t.Errorf("%d packets dropped for the sender to retry (bad checksum, window, memory), want none", n)
+	}
 	if !gso && (s.big != 0 || s.part != 0) {
 		t.Errorf("without the GSO flag the queue got %d packets over the MTU and %d with partial checksums, want none", s.big, s.part)
 	}
@@ -218,7 +225,7 @@ func TestOffloadTCP(t *testing.T) {
 					})
 				})
 			}
-			checkQueueSaw(t, gso, q)
+			checkQueueSaw(t, e, gso, q)
 		})
 	}
 }

@@ -172,7 +172,7 @@ func TestOffloadUDP(t *testing.T) {
 					t.Fatal("no decision saw the UFO datagram's secret")
 				}
 			})
-			checkQueueSaw(t, gso, q)
+			checkQueueSaw(t, e, gso, q)
 		})
 	}
 }
