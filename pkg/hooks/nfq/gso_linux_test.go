@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
@@ -189,6 +190,66 @@ func TestOffloadTCP(t *testing.T) {
 						})) == 0 {
 							e.dec.log(t)
 							t.Fatal("no decision saw the secret whole")
+						}
+					})
+
+					// Kept alive: each 30 kB request is a few super-packets
+					// past the released byte range; the fast path queues each
+					// (queue-beyond-range) and a refused third never arrives.
+					t.Run("keep-alive", func(t *testing.T) {
+						kaddr := netip.AddrPortFrom(fam.world, 8091)
+						var mu sync.Mutex
+						var paths []string
+						l := &counted{Listener: tcxtest.Listen(t, e.topo.World, kaddr)}
+						ksrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+							b, _ := io.ReadAll(r.Body)
+							mu.Lock()
+							paths = append(paths, r.URL.Path)
+							mu.Unlock()
+							fmt.Fprintf(w, "%s %s", r.URL.Path, sum(b))
+						})}
+						go ksrv.Serve(l)
+						t.Cleanup(func() { ksrv.Close() })
+						client := guestClient(e)
+						defer client.CloseIdleConnections()
+						base, err := e.dp.Counters()
+						if err != nil {
+							t.Fatal(err)
+						}
+						big := bytes.Repeat([]byte("k"), 30000)
+						post := func(path string, body []byte) (string, error) {
+							req, _ := http.NewRequest("POST", urlOf(kaddr, path), bytes.NewReader(body))
+							req.Host = "allowed.test"
+							resp, err := client.Do(req)
+							if err != nil {
+								return "", err
+							}
+							defer resp.Body.Close()
+							b, err := io.ReadAll(resp.Body)
+							return string(b), err
+						}
+						for _, path := range []string{"/one", "/two"} {
+							if got, err := post(path, big); err != nil || got != path+" "+sum(big) {
+								t.Fatalf("POST %s: %q %v", path, got, err)
+							}
+						}
+						dirty := append(bytes.Clone(big), secret...)
+						if _, err := post("/three", dirty); err == nil || !strings.Contains(err.Error(), "reset") {
+							t.Fatalf("POST /three with the secret: %v, want a connection reset", err)
+						}
+						settle()
+						mu.Lock()
+						got := strings.Join(paths, ",")
+						mu.Unlock()
+						if got != "/one,/two" || l.conns.Load() != 1 {
+							t.Fatalf("server saw %q on %d connections, want /one,/two on one", got, l.conns.Load())
+						}
+						c, err := e.dp.Counters()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if n := c.Sub(base)[tcx.QueueBeyondRange].Packets; n < 2 {
+							t.Errorf("the fast path queued %d packets beyond the released range, want the 2 later requests", n)
 						}
 					})
 
