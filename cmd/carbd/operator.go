@@ -179,11 +179,11 @@ func runAnswer(e *env, args []string, release bool) error {
 func runAudit(_ context.Context, e *env, args []string) error {
 	fs := newFlagSet(e, "audit", "--pcap OUT [--sandbox ID | --run RUN-ID | FILE]\n       carbd audit --list")
 	out := fs.String("pcap", "", "write the pcapng to `file` (mode 0600)")
-	id := fs.String("sandbox", "", "the sandbox: its capture while it runs, else its newest finished run")
+	id := fs.String("sandbox", "", "the sandbox `ID`: its capture while it runs, else its newest finished run")
 	run := fs.String("run", "", "a finished run's `id` (or a unique prefix; carbd audit --list)")
 	list := fs.Bool("list", false, "list the runs whose audit is kept")
 	stateDir := fs.String("state-dir", daemon.DefaultStateDir, "carbd's state `directory`")
-	workState := fs.String("work-state-root", daemon.DefaultWorkStateRoot, "where runs keep their audit (`directory`)")
+	workState := fs.String("work-state-root", daemon.DefaultWorkStateRoot, "the `directory` where runs keep their audit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
