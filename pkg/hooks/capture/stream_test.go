@@ -283,7 +283,9 @@ func FuzzCopyBlocks(f *testing.F) {
 func BenchmarkStream(b *testing.B) {
 	path := filepath.Join(b.TempDir(), "audit.pcapng")
 	s, err := NewStream(StreamConfig{Path: path, Ifname: "bench0", MaxBytes: -1, Tick: time.Millisecond,
-		Annotate: func(Record) Annotation { return Annotation{Verdict: "release", Seq: 1, Reason: "provenance: bench", Final: true} }})
+		Annotate: func(Record) Annotation {
+			return Annotation{Verdict: "release", Seq: 1, Reason: "provenance: bench", Final: true}
+		}})
 	if err != nil {
 		b.Fatal(err)
 	}
