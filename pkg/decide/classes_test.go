@@ -280,3 +280,33 @@ func TestLookalikeHosts(t *testing.T) {
 		}
 	}
 }
+
+// List items are non-empty and trimmed, and a separated list's items are
+// substrings of the value; hostOf returns a lowercase host name without
+// "www." or nothing; neither panics.
+func FuzzListItemsAndHosts(f *testing.F) {
+	for _, s := range []string{`["a@x.org", "b@y.org"]`, "a, b;c\nd", `[1, true, "x"]`, `[{"a":1}]`, "[", `[""]`,
+		"https://User@www.Example.org:8443/x?y", "bob@mail.example.org", "www.example.org/path", "10:00-11:30"} {
+		f.Add(s)
+	}
+	e := New(mustPolicy(f, classesPolicy), Options{})
+	f.Fuzz(func(t *testing.T, s string) {
+		items, ok := e.listItems(s)
+		if !ok && len(items) > 0 {
+			t.Fatalf("no list, yet items %q", items)
+		}
+		_, isJSON := jsonList(s)
+		for _, it := range items {
+			if it == "" || it != strings.TrimSpace(it) {
+				t.Fatalf("item %q of %q", it, s)
+			}
+			if !isJSON && !strings.Contains(s, it) {
+				t.Fatalf("item %q is not in %q", it, s)
+			}
+		}
+		if h := hostOf(s); h != "" && (h != strings.ToLower(h) || strings.HasPrefix(h, "www.") || !looksLikeHost(h)) {
+			t.Fatalf("hostOf(%q) = %q", s, h)
+		}
+		_ = e.lookalike(s)
+	})
+}

@@ -1,6 +1,9 @@
 package match
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // A time of day is no distinctive token, however many digits it has; a
 // value that only looks like one (out of range, a longer number with
@@ -32,4 +35,25 @@ func TestDistinctiveTimeOfDay(t *testing.T) {
 			t.Errorf("Distinctive(%q) = %v, want %v", c.tok, got, c.want)
 		}
 	}
+}
+
+// A time of day is never distinctive, and it holds only digits, colons,
+// a dot, a dash and am/pm; IsTimeOfDay never panics.
+func FuzzIsTimeOfDay(f *testing.F) {
+	for _, s := range []string{"10:00:00", "9:15am", "10:00-11:30", "25:00", "10:00:00.000", ":", "-", "1:2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !IsTimeOfDay(s) {
+			return
+		}
+		if Distinctive(s) && !isDateTime(s) {
+			t.Fatalf("time of day %q is distinctive", s)
+		}
+		for i := 0; i < len(s); i++ {
+			if c := s[i]; !isDigit(c) && !strings.ContainsRune(":.-apm", rune(c)) {
+				t.Fatalf("time of day %q holds %q", s, c)
+			}
+		}
+	})
 }
