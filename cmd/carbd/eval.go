@@ -23,7 +23,7 @@ func init() {
 		forms: []form{{"agentdojo", "calibrate and test on splits of recorded AgentDojo runs: attack success, utility, effects released, per-role budgets, against baselines"}}, run: runEval})
 }
 
-const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE] [--quiet]"
+const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--lopo] [--lopo-splits 20] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE] [--quiet]"
 
 func runEval(ctx context.Context, e *env, args []string) error {
 	if args[0] != "agentdojo" {
@@ -154,6 +154,8 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	var f agentdojoFlags
 	f.register(fs)
 	splits := fs.Int("splits", 200, "random calibration/test splits (by episode)")
+	lopo := fs.Bool("lopo", false, "also evaluate leave-one-pipeline-out: calibrate on every other pipeline, test on the left-out one (needs 2 or more pipelines)")
+	lopoSplits := fs.Int("lopo-splits", eval.DefaultLOPOSplits, "leave-one-pipeline-out splits per pipeline (random divisions of the calibration episodes)")
 	seed := fs.Uint64("seed", 1, "seed of the splits (and of the equal-size random evidence)")
 	asJSON := fs.Bool("json", false, "print the report as JSON (docs/evaluation.md) instead of tables")
 	plotPath := fs.String("plot", "", "write the risk-utility frontier as a PNG `file` (computes the frontier)")
@@ -171,6 +173,9 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	if *splits < 1 {
 		return fmt.Errorf("%w: --splits %d", errUsage, *splits)
 	}
+	if *lopoSplits < 1 {
+		return fmt.Errorf("%w: --lopo-splits %d", errUsage, *lopoSplits)
+	}
 	if *frontierSplits < 1 {
 		return fmt.Errorf("%w: --frontier-splits %d", errUsage, *frontierSplits)
 	}
@@ -184,8 +189,11 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *lopo && len(ps) < 2 {
+		return fmt.Errorf("%w: --lopo needs 2 or more pipelines, got %d", errUsage, len(ps))
+	}
 	cfg := eval.Config{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, LedgerSplit: f.ledgerSplit, Delta: f.delta, Score: kind, Splits: *splits,
-		Seed: *seed, Workers: f.workers, FrontierSplits: *frontierSplits}
+		Seed: *seed, Workers: f.workers, FrontierSplits: *frontierSplits, LOPO: *lopo, LOPOSplits: *lopoSplits}
 	if *plotPath != "" || *frontier {
 		cfg.Frontier = eval.DefaultFrontier
 	}
