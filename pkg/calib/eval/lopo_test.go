@@ -71,7 +71,7 @@ func TestEvaluateLOPO(t *testing.T) {
 		t.Fatalf("%d LOPO entries, want 2", len(rep.LOPO))
 	}
 	for i, want := range []struct {
-		name, cal string
+		name, cal  string
 		test, nCal int
 	}{{"a", "b", 40, 48}, {"b", "a", 48, 40}} {
 		l := &rep.LOPO[i]
