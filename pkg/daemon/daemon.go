@@ -155,20 +155,24 @@ func (c *Config) validate() error {
 	if len(c.Argv) == 0 {
 		errs = append(errs, errors.New("no command to run (carbd run ... -- COMMAND)"))
 	}
+	workOK := false // one error about a missing working directory, not three
 	if c.Workdir == "" {
 		errs = append(errs, errors.New("no working directory (--workdir)"))
 	} else if abs, err := filepath.Abs(c.Workdir); err != nil {
 		errs = append(errs, err)
-	} else if st, err := os.Stat(abs); err != nil || !st.IsDir() {
+	} else if st, err := os.Stat(abs); err != nil {
+		errs = append(errs, fmt.Errorf("working directory %s: %w", abs, errors.Unwrap(err)))
+	} else if !st.IsDir() {
 		errs = append(errs, fmt.Errorf("working directory %s is not a directory", abs))
 	} else {
+		workOK = true
 		c.Workdir = abs
 		if c.UID == 0 && c.GID == 0 {
 			sys := st.Sys().(*syscall.Stat_t)
 			c.UID, c.GID = int(sys.Uid), int(sys.Gid)
 		}
 	}
-	if c.UID == 0 || c.GID == 0 {
+	if workOK && (c.UID == 0 || c.GID == 0) {
 		errs = append(errs, fmt.Errorf("the working directory belongs to root: the sandbox's root must map to an unprivileged user; chown it to one, or pass --uid/--gid"))
 	}
 	if c.Backend == "" {
@@ -186,7 +190,7 @@ func (c *Config) validate() error {
 	if c.StagingDir == "" && c.Workdir != "" {
 		c.StagingDir = filepath.Join(filepath.Dir(c.Workdir), ".carbd", c.ID)
 	}
-	if c.WorkStateDir == "" && c.Workdir != "" {
+	if c.WorkStateDir == "" && workOK {
 		if id, err := WorkStateID(c.Workdir); err != nil {
 			errs = append(errs, err)
 		} else {
