@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -168,6 +169,13 @@ func runRun(ctx context.Context, e *env, args []string) error {
 		cfg.Upstream = systemResolvers()
 	}
 	sum, err := daemon.Run(ctx, cfg)
+	var failed *daemon.ComponentError
+	if errors.As(err, &failed) && sum != nil {
+		// A component failed and ended the run closed: the summary
+		// names it; exit status 3 (docs/operator.md).
+		sum.WriteSummary(e.stderr)
+		return exitError{code: exitComponentFailed}
+	}
 	if err != nil {
 		return err
 	}
@@ -177,6 +185,11 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	}
 	return nil
 }
+
+// exitComponentFailed is carbd run's exit status when one of carbd's own
+// components failed and ended the run (the summary's first line names
+// it); otherwise carbd run exits with the command's status.
+const exitComponentFailed = 3
 
 // systemResolvers reads the host's resolvers from /etc/resolv.conf.
 func systemResolvers() []netip.AddrPort {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -100,6 +101,18 @@ type Config struct {
 
 	// VM configures the qemu and cloud-hypervisor backends.
 	VM VMConfig
+
+	// hooks are in-package tests' view of the running daemon.
+	hooks *testHooks
+}
+
+// testHooks let an in-package test reach the running daemon: started is
+// called when the setup is done, failing when a component's failure is
+// ending the run (the sandbox is stopped, the operator socket still
+// answers).
+type testHooks struct {
+	started func(*daemon)
+	failing func(*daemon)
 }
 
 // Summary is what `carbd run` prints when the sandbox ends.
@@ -119,6 +132,10 @@ type Summary struct {
 	Conflicts []staging.Conflict
 	Stats     decide.Stats
 	Stopped   bool
+	// Failed is the component whose failure ended the run (nil: the
+	// command ended, or carbd was stopped). The effects held then were
+	// refused; staged changes stay staged for the next run.
+	Failed *ComponentError
 }
 
 // WorkStateID names a working directory's state: a digest of its absolute
@@ -226,6 +243,9 @@ type daemon struct {
 	files   *fileChannel
 	sandbox sandboxProc
 	audit   io.Writer // the audit log (safe for concurrent use)
+	// sup runs the long-running components; the first failure ends the
+	// run closed.
+	sup *supervisor
 
 	mu        sync.Mutex // guards the fields below
 	decisions map[uint64]*decide.Decision
@@ -276,9 +296,16 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		decisions: map[uint64]*decide.Decision{}, final: map[uint64]*decide.Decision{}, held: map[uint64]*decide.Decision{}}
 	d.stopping, d.stop = context.WithCancel(context.Background())
 	defer d.stop()
+	// A failing component refuses every question to the oracle at once
+	// (as a stop does); the run loop then stops the sandbox.
+	d.sup = newSupervisor(d.log, func(*ComponentError) { d.stop() })
 	defer d.teardown()
+	defer d.sup.end() // before the teardown: components it stops are not failing
 	if err := d.setup(ctx); err != nil {
 		return nil, err
+	}
+	if h := cfg.hooks; h != nil && h.started != nil {
+		h.started(d)
 	}
 	return d.run(ctx)
 }
@@ -362,11 +389,15 @@ func (d *daemon) setup(ctx context.Context) error {
 		return err
 	}
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go serveOperator(l, d, &wg)
-	d.onClose(func() error { l.Close(); wg.Wait(); return nil })
+	octx, ocancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.sup.Go(&wg, octx, "operator-socket", func(ctx context.Context) error {
+		stop := context.AfterFunc(ctx, func() { l.Close() })
+		defer stop()
+		return serveOperator(l, d, &wg)
+	})
+	d.onClose(func() error { ocancel(); l.Close(); wg.Wait(); return nil })
 	if d.cfg.Metrics != "" {
-		stop, err := serveMetrics(ctx, d.cfg.Metrics, d)
+		stop, err := serveMetrics(ctx, d.cfg.Metrics, d, d.sup)
 		if err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}
@@ -377,9 +408,16 @@ func (d *daemon) setup(ctx context.Context) error {
 			return fmt.Errorf("metrics textfile: %w", err)
 		}
 		tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		done := make(chan error, 1)
-		go func() { done <- d.textfileLoop(tctx, dir, 5*time.Second) }()
-		d.onClose(func() error { cancel(); return <-done })
+		var wg sync.WaitGroup
+		var last error
+		d.sup.Go(&wg, tctx, "metrics-textfile", func(ctx context.Context) error {
+			err := d.textfileLoop(ctx, dir, 5*time.Second)
+			if tctx.Err() != nil {
+				last = err // the last write, at the end of the run
+			}
+			return err
+		})
+		d.onClose(func() error { cancel(); wg.Wait(); return last })
 	}
 	return nil
 }
@@ -401,6 +439,8 @@ loop:
 	for {
 		select {
 		case <-done:
+			break loop
+		case <-d.sup.Failed():
 			break loop
 		case <-stop:
 			stop = nil // a closed channel is always ready: handle it once
@@ -440,6 +480,9 @@ loop:
 			}
 		}
 	}
+	if cf := d.sup.Err(); cf != nil {
+		return d.failed(cf, done, &code), cf
+	}
 	if werr != nil {
 		return nil, fmt.Errorf("sandbox: %w", werr)
 	}
@@ -456,6 +499,9 @@ loop:
 	defer cancel()
 	d.files.commitPoint(fctx)
 	for range 4 {
+		if d.sup.Err() != nil {
+			break
+		}
 		r := d.engine.Finish(fctx)
 		if r == nil {
 			break
@@ -463,11 +509,101 @@ loop:
 		d.applyResolution(r)
 		d.files.commitPoint(fctx)
 	}
+	if cf := d.sup.Err(); cf != nil {
+		// A component failed while the run ended: what is held is
+		// refused, what is staged stays staged.
+		return d.failed(cf, done, &code), cf
+	}
 	// The run is over: what was released but is not in W is kept for the
 	// user, the rest staged is discarded, and the next run starts from a
 	// fresh base (W as it is then).
 	d.files.endRun(fctx)
 	return d.summary(code), nil
+}
+
+// failed ends a run a component's failure cut short, closed: the sandbox
+// is killed (nothing it does can be seen to any more), every held effect
+// is refused, and the staging is left as a crash leaves it: staged
+// changes are neither committed nor aborted, and the next run on the
+// working directory resumes them. done is closed when the sandbox's Wait
+// has returned, with its exit status in *code.
+func (d *daemon) failed(cf *ComponentError, done <-chan struct{}, code *int) *Summary {
+	d.mu.Lock()
+	d.exiting = true
+	d.mu.Unlock()
+	if d.sandbox != nil {
+		_ = d.sandbox.Kill()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			d.log.Warn("the sandbox did not end after SIGKILL; tearing down")
+		}
+	}
+	d.refuseHeld(cf)
+	if h := d.cfg.hooks; h != nil && h.failing != nil {
+		h.failing(d)
+	}
+	exit := -1 // the sandbox did not end
+	select {
+	case <-done:
+		exit = *code
+	default:
+	}
+	s := d.summary(exit)
+	s.Failed = cf
+	return s
+}
+
+// refuseHeld refuses every effect still held, because cf failed: their
+// packets are dropped (with a reset where the verdict loop sends one),
+// intercepted requests get their notice, and the audit log records each
+// refusal. The engine's scope is not resolved: resolving could release
+// what the policy admitted into it.
+func (d *daemon) refuseHeld(cf *ComponentError) {
+	d.mu.Lock()
+	var held []decide.Decision
+	for _, dec := range d.held {
+		held = append(held, *dec)
+	}
+	d.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	sortDecisions(held)
+	r := &decide.Resolution{Trigger: "component " + cf.Component + " failed", Time: time.Now()}
+	for _, dec := range held {
+		r.Effects = append(r.Effects, failedDecision(dec, cf))
+	}
+	r.Notice = decide.AbortNotice(r.Effects)
+	for _, e := range r.Effects {
+		d.record(e)
+		d.auditFailed(e)
+	}
+	if d.net != nil {
+		d.net.applyResolution(r)
+	}
+}
+
+// auditFailed writes the refusal of an effect because a component failed
+// to the audit log (the engine did not decide it: it is not in the
+// engine's records).
+func (d *daemon) auditFailed(dec decide.Decision) {
+	if d.audit == nil {
+		return
+	}
+	rec := struct {
+		Type          string    `json:"type"`
+		Time          time.Time `json:"time"`
+		Seq           uint64    `json:"seq"`
+		Verdict       string    `json:"verdict"`
+		Code          string    `json:"code"`
+		Justification string    `json:"justification"`
+	}{"decision", time.Now().UTC(), dec.Seq, dec.Verdict.String(), dec.Reason.Code, dec.Justification}
+	if b, err := json.Marshal(rec); err == nil {
+		if _, err := d.audit.Write(append(b, '\n')); err != nil {
+			d.log.Error("audit log", "err", err)
+		}
+	}
 }
 
 // stoppableOracle is the configured oracle, except that once carbd is
@@ -589,6 +725,16 @@ func (d *daemon) record(dec decide.Decision) {
 // applyResolution records the final verdicts of a resolved scope and
 // hands them to the channels.
 func (d *daemon) applyResolution(r *decide.Resolution) {
+	if cf := d.sup.Err(); cf != nil {
+		// Nothing held is released after a failure.
+		fr := failedResolution(r, cf)
+		for i, e := range fr.Effects {
+			if r.Effects[i].Verdict != decide.Refuse {
+				d.auditFailed(e)
+			}
+		}
+		r = fr
+	}
 	for _, e := range r.Effects {
 		d.record(e)
 		if d.files != nil {
@@ -654,7 +800,13 @@ const summaryListMax = 20
 // most summaryListMax entries of each list (refused first), each list's
 // remainder as a count. The audit log has every decision.
 func (s *Summary) WriteSummary(w io.Writer) {
+	if f := s.Failed; f != nil {
+		fmt.Fprintf(w, "\ncarbd: %v\n  the run ended closed: the sandbox was stopped, held effects refused, staged changes kept staged for the next run", oneLine(f.Error(), 400))
+	}
 	fmt.Fprintf(w, "\ncarbd: sandbox %s exited with status %d", s.ID, s.ExitCode)
+	if s.Failed != nil {
+		fmt.Fprint(w, " (killed: a component failed)")
+	}
 	if s.Stopped {
 		fmt.Fprint(w, " (stopped by the ledger gate)")
 	}

@@ -143,9 +143,11 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	fc.cancel = cancel
 	fc.done = make(chan struct{})
-	go func() {
-		defer close(fc.done)
-		_ = tr.Run(tctx, func(rec *fileev.Record, evs []decide.Event) {
+	var wg sync.WaitGroup
+	// Without the tracer, what the agent reads is not known: its end
+	// ends the run.
+	fc.d.sup.Go(&wg, tctx, "file-tracer", func(ctx context.Context) error {
+		return tr.Run(ctx, func(rec *fileev.Record, evs []decide.Event) {
 			if unattributedRead(rec) {
 				fc.mu.Lock()
 				fc.unattributed++
@@ -153,10 +155,11 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 				fc.assumeSensitiveRead(rec)
 			}
 			for _, ev := range evs {
-				fc.event(tctx, ev)
+				fc.event(ctx, ev)
 			}
 		})
-	}()
+	})
+	go func() { wg.Wait(); close(fc.done) }()
 	return cg.Path
 }
 
@@ -184,8 +187,17 @@ func removeStaleCgroup(name string) {
 // before the call has been handled (reads observed by the engine, writes
 // proposed), so that an effect decided next is decided knowing what the
 // agent read before it. Without tracing it returns at once.
+//
+// After a component failed it returns that failure: nothing is decided
+// (and released) any more.
 func (fc *fileChannel) syncTracing(ctx context.Context) error {
-	if fc == nil || fc.tracer == nil {
+	if fc == nil {
+		return nil
+	}
+	if cf := fc.d.sup.Err(); cf != nil {
+		return cf
+	}
+	if fc.tracer == nil {
 		return nil
 	}
 	// Bounded by the longest a packet may wait for its decision: the
@@ -407,6 +419,11 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 		case decide.Refuse:
 			abort = append(abort, c)
 		}
+	}
+	if fc.d.sup.Err() != nil {
+		// A component failed: nothing is committed or aborted any more;
+		// the next run resumes what is staged (as after a crash).
+		return
 	}
 	if len(commit) > 0 {
 		// A change whose label cannot be persisted is not committed (it

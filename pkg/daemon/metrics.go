@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -140,8 +141,10 @@ func (d *daemon) textfileLoop(ctx context.Context, dir string, every time.Durati
 	}
 }
 
-// serveMetrics serves /metrics on addr until ctx ends.
-func serveMetrics(ctx context.Context, addr string, d *daemon) (func() error, error) {
+// serveMetrics serves /metrics on addr until the returned stop is
+// called, as the component metrics-server of sup: a server that stops
+// serving before then ends the run.
+func serveMetrics(ctx context.Context, addr string, d *daemon, sup *supervisor) (func() error, error) {
 	reg, err := d.registry()
 	if err != nil {
 		return nil, err
@@ -153,9 +156,20 @@ func serveMetrics(ctx context.Context, addr string, d *daemon) (func() error, er
 		return nil, err
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(l) }()
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	sup.Go(&wg, sctx, "metrics-server", func(ctx context.Context) error {
+		stop := context.AfterFunc(ctx, func() { srv.Close() })
+		defer stop()
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("metrics: serve %s: %w", addr, err)
+		}
+		return nil
+	})
 	return func() error {
+		cancel()
 		err := srv.Close()
+		wg.Wait()
 		if errors.Is(err, http.ErrServerClosed) {
 			return nil
 		}

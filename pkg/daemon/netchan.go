@@ -240,11 +240,11 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	if err := dp.RenewLease(2 * time.Second); err != nil {
 		return err
 	}
-	nc.wg.Add(1)
-	go func() {
-		defer nc.wg.Done()
-		_ = dp.KeepAlive(ctx, 250*time.Millisecond, time.Second)
-	}()
+	// Without renewals the TC program drops everything once the lease
+	// lapses: a renewal that fails ends the run.
+	d.sup.Go(&nc.wg, ctx, "tc-lease", func(ctx context.Context) error {
+		return dp.KeepAlive(ctx, 250*time.Millisecond, time.Second)
+	})
 	b, err := nfrules.Apply(nc.rules)
 	if err != nil {
 		return fmt.Errorf("install the queue rules: %w", err)
@@ -271,14 +271,23 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 		return err
 	}
 	nc.loop = loop
+	// Once it is up, the loop ending for any reason ends the run (its
+	// held packets are dropped as it stops).
 	loopErr := make(chan error, 1)
-	nc.wg.Add(1)
-	go func() {
-		defer nc.wg.Done()
-		loopErr <- loop.Run(ctx)
-	}()
+	ready := make(chan struct{})
+	d.sup.Go(&nc.wg, ctx, "verdict-loop", func(ctx context.Context) error {
+		err := loop.Run(ctx)
+		select {
+		case <-ready:
+			return err
+		default:
+			loopErr <- err
+			return nil // reported by hooks, as a start-up error
+		}
+	})
 	select {
 	case <-loop.Ready():
+		close(ready)
 	case err := <-loopErr:
 		return fmt.Errorf("verdict loop: %w", err)
 	case <-time.After(10 * time.Second):
@@ -291,11 +300,9 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	// What the world answers is observed for provenance (created before
 	// the verdict loop, which waits on it).
 	w := nc.resp
-	nc.wg.Add(1)
-	go func() {
-		defer nc.wg.Done()
-		_ = w.Run(ctx, nc.observe)
-	}()
+	d.sup.Go(&nc.wg, ctx, "response-watcher", func(ctx context.Context) error {
+		return w.Run(ctx, nc.observe)
+	})
 	// The streamed pcapng audit, before the capture that feeds it.
 	if nc.stream, nc.closeStream, err = nc.openAuditStream(); err != nil {
 		return err
@@ -317,13 +324,7 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	}
 	nc.nat = undo
 	if ic := nc.icpt; ic != nil {
-		nc.wg.Add(1)
-		go func() {
-			defer nc.wg.Done()
-			if err := ic.serve(ctx); err != nil {
-				d.log.Error("interception stopped: intercepted connections are refused", "err", err)
-			}
-		}()
+		d.sup.Go(&nc.wg, ctx, "interception-proxy", ic.serve)
 	}
 	return nil
 }
@@ -386,6 +387,10 @@ func (nc *netChannel) learn(m map[string][]netip.Addr) {
 
 // Decide implements nfq.Decider over the engine.
 func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) nfq.Outcome {
+	// After a component failed, nothing is released any more.
+	if nc.d.sup.Err() != nil {
+		return nfq.Outcome{Verdict: nfq.Refuse, Reason: codeComponentFailed}
+	}
 	// A connection redirected to the interception is decided there:
 	// the connection by its server name, then each request.
 	if nc.icpt.handles(m.Flow.Dst, m.Flow.DstPort, m.Flow.Proto) {
@@ -427,6 +432,17 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 	}
 	res := nc.d.engine.Propose(ctx, ev)
 	dec := res.Decision
+	if cf := nc.d.sup.Err(); cf != nil {
+		// A component failed while this was decided: refuse what it
+		// would release or hold, and every effect its resolutions name.
+		if dec.Verdict != decide.Refuse {
+			dec = failedDecision(dec, cf)
+			nc.d.auditFailed(dec)
+		}
+		for i := range res.Resolutions {
+			res.Resolutions[i] = *failedResolution(&res.Resolutions[i], cf)
+		}
+	}
 	nc.d.record(dec)
 	nc.note(m.Flow, dec)
 	out := nfq.Outcome{Reason: dec.Reason.Code}
@@ -577,6 +593,13 @@ func (nc *netChannel) close() error {
 		nc.cancel()
 	}
 	nc.wg.Wait()
+	// Cut the sandbox off before its hooks come down: a socket its
+	// killed processes left behind (an orphaned TCP connection still
+	// retransmitting a request that was held) must never find the path
+	// open once the program and the rules are gone.
+	if nc.sb != nil {
+		errs = append(errs, nc.sb.Close())
+	}
 	if nc.nat != nil {
 		errs = append(errs, nc.nat())
 	}

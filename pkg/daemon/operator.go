@@ -38,6 +38,10 @@ func (d *daemon) Status() SandboxStatus {
 	if v.stopped {
 		s.State = "stopped"
 	}
+	if cf := d.sup.Err(); cf != nil {
+		s.State = "failed"
+		s.Failure = &FailureStatus{Component: cf.Component, Error: cf.Err.Error(), At: cf.At}
+	}
 	if a := d.cfg.Calibration; a != nil {
 		for role, name := range a.RoleStratum {
 			if st := a.Stratum(name); st != nil {

@@ -59,13 +59,14 @@ var ErrNotRunning = errors.New("daemon: the sandbox's carbd is not running (afte
 // errNotRoot is what a non-root peer is told.
 var errNotRoot = errors.New("permission denied: the operator socket answers root only")
 
-// serveOperator accepts connections until l is closed.
-func serveOperator(l *net.UnixListener, op Operator, wg *sync.WaitGroup) {
-	defer wg.Done()
+// serveOperator accepts connections until l is closed, and returns why
+// it stopped accepting. Each connection is served on a goroutine counted
+// in wg.
+func serveOperator(l *net.UnixListener, op Operator, wg *sync.WaitGroup) error {
 	for {
 		c, err := l.AcceptUnix()
 		if err != nil {
-			return
+			return fmt.Errorf("operator socket: accept: %w", err)
 		}
 		wg.Add(1)
 		go func() {

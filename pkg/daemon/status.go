@@ -23,7 +23,10 @@ type SandboxStatus struct {
 	Task    string    `json:"task"`
 	Policy  string    `json:"policy"`
 	Oracle  string    `json:"oracle"`
-	State   string    `json:"state"` // running, stopped (ledger), exiting
+	State   string    `json:"state"` // running, stopped (ledger), exiting, failed
+	// Failure is the component whose failure is ending the run (state
+	// failed); absent otherwise.
+	Failure *FailureStatus `json:"failure,omitempty"`
 	// Held lists every effect waiting: in the open scope, or (a deferred
 	// blocking request) for the operator's answer.
 	Held  []HeldEffect `json:"held"`
@@ -39,6 +42,13 @@ type SandboxStatus struct {
 	Queue         QueueCounters     `json:"queue"`
 	Files         FileCounters      `json:"files"`
 	Kernel        KernelFeatures    `json:"kernel"`
+}
+
+// FailureStatus is a component's failure that ends the run closed.
+type FailureStatus struct {
+	Component string    `json:"component"` // e.g. verdict-loop (docs/operator.md)
+	Error     string    `json:"error"`
+	At        time.Time `json:"at"`
 }
 
 // ScopeStatus is the open speculative scope.
@@ -154,6 +164,10 @@ func WriteText(w io.Writer, sts []SandboxStatus, now time.Time) {
 			fmt.Fprintln(w)
 		}
 		fmt.Fprintf(w, "sandbox %s  %s  pid %d  %s  up %s\n", s.ID, s.Backend, s.Pid, strings.ToUpper(s.State), now.Sub(s.Started).Round(time.Second))
+		if f := s.Failure; f != nil {
+			fmt.Fprintf(w, "  FAILED   component %s: %s (%s ago): the run ends closed, held effects refused, staged changes kept staged\n",
+				f.Component, oneLine(f.Error, 200), now.Sub(f.At).Round(time.Millisecond))
+		}
 		fmt.Fprintf(w, "  workdir  %s\n  task     %s\n  policy   %s   oracle %s\n", s.Workdir, oneLine(s.Task, 100), s.Policy, s.Oracle)
 		d := s.Decisions
 		fmt.Fprintf(w, "  effects  %d proposed: %d released, %d refused, %d deferred; scopes %d (%d committed, %d aborted)\n",
