@@ -1270,20 +1270,31 @@ func (w *worker) part(f *flowState, now time.Time) {
 	}
 	end := f.decidedTo
 	var content []byte
+	var ends []uint32 // where the contiguous held packets end, in order
 	for progress := true; progress; {
 		progress = false
 		for _, p := range f.held {
 			if seqLE(p.seq, end) && !seqLE(p.end, end) && len(p.payload) == int(p.end-p.seq) {
 				content = append(content, p.payload[end-p.seq:]...)
 				end, progress = p.end, true
+				ends = append(ends, end)
 			}
 		}
 	}
-	if end == f.decidedTo {
+	// The part is decided on every byte held, but released only up to a
+	// packet end PartHoldBack bytes short of the newest: what straddles
+	// the stall is decided again, whole, with what follows it.
+	rel := f.decidedTo
+	for _, x := range ends {
+		if seqLE(x+uint32(w.c.cfg.PartHoldBack), end) {
+			rel = x
+		}
+	}
+	if rel == f.decidedTo {
 		return
 	}
 	ev := partEvent(f.bodyOf, content, now)
-	e := &effect{flow: f, tcp: true, span: netparse.SpanBytes, seq: f.decidedTo, end: end, ev: &ev, part: true}
+	e := &effect{flow: f, tcp: true, span: netparse.SpanBytes, seq: f.decidedTo, end: rel, ev: &ev, part: true}
 	f.pending = append(f.pending, e)
 	w.holding[f] = struct{}{}
 	w.submit(e, Meta{Flow: f.key, Kind: netparse.KindHTTP, Span: netparse.SpanBytes, Seq: e.seq, End: e.end, Time: now})

@@ -481,7 +481,11 @@ func TestCoreHoldTimeout(t *testing.T) {
 
 func TestCoreBodyInParts(t *testing.T) {
 	dec := byHost(map[string]Verdict{"a.test": Release})
-	h := newHarness(t, dec, func(c *Config) { c.Parser.PendingTimeout = 200 * time.Millisecond; c.PartAfter = 50 * time.Millisecond })
+	h := newHarness(t, dec, func(c *Config) {
+		c.Parser.PendingTimeout = 200 * time.Millisecond
+		c.PartAfter = 50 * time.Millisecond
+		c.PartHoldBack = 500
+	})
 	c := h.dial(cli4, srv4, 40010, 80)
 	body := strings.Repeat("b", 3000)
 	head := fmt.Sprintf("POST /up HTTP/1.1\r\nHost: a.test\r\nContent-Length: %d\r\n\r\n", len(body))
@@ -490,8 +494,9 @@ func TestCoreBodyInParts(t *testing.T) {
 	p1 := c.write(head + body[:1000])
 	p2 := c.write(body[1000:2000])
 	h.want(p1, true) // head decided after the pending timeout, then the part
-	h.want(p2, true)
+	// p2 holds the last PartHoldBack bytes: it goes with the rest.
 	p3 := c.write(body[2000:])
+	h.want(p2, true)
 	h.want(p3, true)
 	evs := dec.events()
 	var parts []string
@@ -509,6 +514,34 @@ func TestCoreBodyInParts(t *testing.T) {
 	if last.Content != body {
 		t.Errorf("the last decision carries %d bytes of body, want the whole %d", len(last.Content), len(body))
 	}
+}
+
+// A value that straddles a stall in a body decided in parts is seen
+// whole before any of it goes out: a part keeps its last PartHoldBack
+// bytes held, and they are decided again with what follows.
+func TestCorePartHoldsBackStraddlingValue(t *testing.T) {
+	dec := newDecider(func(m Meta, ev decide.Event) Outcome {
+		if strings.Contains(ev.Content, "SECRETTOKEN") {
+			return Outcome{Verdict: Refuse}
+		}
+		return Outcome{Verdict: Release}
+	})
+	h := newHarness(t, dec, func(c *Config) {
+		c.Parser.PendingTimeout = 200 * time.Millisecond
+		c.PartAfter = 50 * time.Millisecond
+		c.PartHoldBack = 100
+	})
+	c := h.dial(cli4, srv4, 40011, 80)
+	body := strings.Repeat("b", 2000) + strings.Repeat("x", 200) + "SECRETTOKEN" + strings.Repeat("c", 500)
+	head := fmt.Sprintf("POST /up HTTP/1.1\r\nHost: a.test\r\nContent-Length: %d\r\n\r\n", len(body))
+	p1 := c.write(head + body[:2000])
+	p2 := c.write(body[2000:2206]) // ends inside the value: ...SECRET
+	// The client stalls: the first part is decided and released up to
+	// p1; p2, the last bytes held, stays held.
+	h.want(p1, true)
+	p3 := c.write(body[2206:]) // TOKEN and the rest
+	h.want(p2, false)
+	h.want(p3, false)
 }
 
 func TestCoreDatagrams(t *testing.T) {

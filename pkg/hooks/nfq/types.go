@@ -118,6 +118,7 @@ const (
 	DefaultMaxPacketLen   = 0xffff
 	DefaultVerdictTimeout = time.Second
 	DefaultPartAfter      = 50 * time.Millisecond
+	DefaultPartHoldBack   = 4096
 	DefaultPendingTimeout = 500 * time.Millisecond
 )
 
@@ -186,6 +187,13 @@ type Config struct {
 	// content), so a body larger than the client's window can complete.
 	// Default 50 ms.
 	PartAfter time.Duration
+	// PartHoldBack: a part releases the body only up to the last packet
+	// that ends PartHoldBack bytes before the newest byte held, and the
+	// next part is decided from there: a value of up to PartHoldBack
+	// bytes that straddles a stall is always seen whole before any of it
+	// goes out. The cost: a body that stalls longer than HoldTimeout
+	// with its last bytes held is refused. Default 4096.
+	PartHoldBack int
 	// Decider decides every effect. Required.
 	Decider Decider
 	// Datapath is the fast path to update on decisions; nil: none (every
@@ -243,6 +251,7 @@ func (c Config) withDefaults(numCPU int) (Config, error) {
 		{"ReadBuffer", int64(c.ReadBuffer)}, {"Workers", int64(c.Workers)}, {"DecideWorkers", int64(c.DecideWorkers)},
 		{"HoldTimeout", int64(c.HoldTimeout)}, {"FlowPackets", int64(c.FlowPackets)}, {"FlowBytes", int64(c.FlowBytes)},
 		{"MaxHeld", int64(c.MaxHeld)}, {"VerdictTimeout", int64(c.VerdictTimeout)}, {"PartAfter", int64(c.PartAfter)},
+		{"PartHoldBack", int64(c.PartHoldBack)},
 	} {
 		if f.v < 0 {
 			return bad("%s is negative (%d)", f.name, f.v)
@@ -277,6 +286,9 @@ func (c Config) withDefaults(numCPU int) (Config, error) {
 	}
 	if c.MaxHeld > int(c.MaxQueueLen) {
 		return bad("MaxHeld %d exceeds MaxQueueLen %d: held packets would fill the queue", c.MaxHeld, c.MaxQueueLen)
+	}
+	if c.PartHoldBack == 0 {
+		c.PartHoldBack = DefaultPartHoldBack
 	}
 	if c.PartAfter == 0 {
 		c.PartAfter = DefaultPartAfter
