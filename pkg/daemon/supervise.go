@@ -75,7 +75,9 @@ func (s *supervisor) Go(wg *sync.WaitGroup, ctx context.Context, name string, f 
 	// that is its failure, reported at once, not when it has wound down
 	// (which can wait for decisions in flight, and those for the oracle,
 	// which only the failure's stop cancels).
-	killed := context.AfterFunc(cctx, func() {
+	reported := make(chan struct{})
+	stopReport := context.AfterFunc(cctx, func() {
+		defer close(reported)
 		if ctx.Err() == nil {
 			s.Fail(name, errKilled)
 		}
@@ -86,15 +88,20 @@ func (s *supervisor) Go(wg *sync.WaitGroup, ctx context.Context, name string, f 
 		}
 		defer cancel()
 		err := f(cctx)
-		if !killed() && ctx.Err() == nil {
-			return // killed: reported
+		if !stopReport() {
+			// Its context ended first: killed (reported) or torn down.
+			<-reported
+			return
 		}
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			// Torn down: an error now is the teardown's.
 			if err != nil && !errors.Is(err, context.Canceled) {
 				s.log.Debug("component stopped", "component", name, "err", err)
 			}
 			return
+		case cctx.Err() != nil:
+			err = errKilled // killed, and it returned before the report ran
 		}
 		s.Fail(name, err)
 	}()
