@@ -282,7 +282,7 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 			return err
 		default:
 			loopErr <- err
-			return nil // reported by hooks, as a start-up error
+			return errNotStarted // hooks reports it, as a start-up error
 		}
 	})
 	select {

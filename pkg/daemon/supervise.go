@@ -31,6 +31,10 @@ func (e *ComponentError) Unwrap() error { return e.Err }
 // run went on: nothing does its job any more.
 var errReturned = errors.New("daemon: returned while the run went on")
 
+// errNotStarted is returned by a component that never came up: its
+// start-up error is reported by whoever started it, not as a failure.
+var errNotStarted = errors.New("daemon: component did not start")
+
 // errKilled is the error of a component whose own context was cancelled
 // while the run went on.
 var errKilled = errors.New("daemon: stopped while the run went on")
@@ -102,6 +106,8 @@ func (s *supervisor) Go(wg *sync.WaitGroup, ctx context.Context, name string, f 
 			return
 		case cctx.Err() != nil:
 			err = errKilled // killed, and it returned before the report ran
+		case errors.Is(err, errNotStarted):
+			return
 		}
 		s.Fail(name, err)
 	}()

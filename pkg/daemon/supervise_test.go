@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -48,6 +49,9 @@ func TestSupervisor(t *testing.T) {
 		{"teardown", func(s *supervisor, ctx context.Context, cancel context.CancelFunc, wg *sync.WaitGroup) {
 			s.Go(wg, ctx, "file-tracer", func(ctx context.Context) error { <-ctx.Done(); return errors.New("fileev: closed") })
 			cancel()
+		}, "", nil},
+		{"never started", func(s *supervisor, ctx context.Context, _ context.CancelFunc, wg *sync.WaitGroup) {
+			s.Go(wg, ctx, "verdict-loop", func(context.Context) error { return fmt.Errorf("nfq: open queue 7: %w", errNotStarted) })
 		}, "", nil},
 		{"after the run ended", func(s *supervisor, ctx context.Context, _ context.CancelFunc, wg *sync.WaitGroup) {
 			s.end()
