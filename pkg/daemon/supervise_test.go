@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/carbd/carbd/pkg/decide"
 )
@@ -121,5 +122,26 @@ func TestFailedResolutionAndSummary(t *testing.T) {
 	out := b.String()
 	if !strings.HasPrefix(out, "\ncarbd: component verdict-loop failed: nfq: queue 7") || !strings.Contains(out, "held effects refused, staged changes kept staged") {
 		t.Errorf("summary:\n%s", out)
+	}
+}
+
+// carbd status names the failed component while the run ends.
+func TestStatusTextFailure(t *testing.T) {
+	now := time.Date(2026, 12, 1, 16, 0, 0, 0, time.UTC)
+	st := SandboxStatus{ID: "w1", Backend: "netns", State: "failed", Started: now.Add(-time.Minute),
+		Failure: &FailureStatus{Component: "tc-lease", Error: "tcx: write config: bad file descriptor", At: now.Add(-1500 * time.Millisecond)}}
+	var b strings.Builder
+	WriteText(&b, []SandboxStatus{st}, now)
+	out := b.String()
+	for _, want := range []string{"sandbox w1  netns  pid 0  FAILED", "  FAILED   component tc-lease: tcx: write config: bad file descriptor (1.5s ago): the run ends closed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status text lacks %q:\n%s", want, out)
+		}
+	}
+	st.State, st.Failure = "running", nil
+	b.Reset()
+	WriteText(&b, []SandboxStatus{st}, now)
+	if strings.Contains(b.String(), "FAILED") {
+		t.Errorf("a running sandbox's status says FAILED:\n%s", b.String())
 	}
 }
