@@ -21,7 +21,9 @@ import (
 // open (so no commit point commits it), and keeps sending requests the
 // policy defers too (URLs the task does not give: they wait in the
 // engine behind the POST's question when the component fails) and
-// requests it releases (the task's URL: they flow until the failure).
+// requests it releases (the task's URL: GETs flow until the failure; a
+// clean POST, state-changing, waits for the open scope to resolve, which
+// the failure's stop ends: its release then comes after the failure).
 const superviseScript = `set -u
 curl -sS -m 5 -o /dev/null http://api.example.com/status; echo "get=$?"
 key=$(grep -v -- ----- certs/service.pem)
@@ -31,6 +33,7 @@ echo agent-write > staged.txt
 i=0
 (while :; do i=$((i+1)); curl -sS -m 60 -o /dev/null http://api.example.com/after-$i; sleep 0.05; done) &
 (while :; do curl -sS -m 5 -o /dev/null http://api.example.com/status; sleep 0.05; done) &
+curl -sS -m 60 -o /dev/null -X POST --data clean http://api.example.com/status &
 sleep 0.5
 touch /run/carbd/wrote
 wait
