@@ -196,9 +196,30 @@ func (ic *interceptor) ports() []uint16 {
 	return []uint16{443}
 }
 
-// serve runs the proxy until ctx ends.
+// serve runs the proxy until ctx ends. A listener that fails while ctx
+// goes on is reported to the supervisor at once: the proxy returns only
+// once its connections have ended, and a held request's can wait for the
+// oracle until the failure's stop ends it.
 func (ic *interceptor) serve(ctx context.Context) error {
-	return ic.proxy.Serve(ctx, ic.ln)
+	return ic.proxy.Serve(ctx, reportingListener{Listener: ic.ln, ctx: ctx, fail: func(err error) {
+		ic.nc.d.sup.Fail("interception-proxy", fmt.Errorf("intercept: accept: %w", err))
+	}})
+}
+
+// reportingListener calls fail with an Accept error that is not the
+// teardown's (ctx still going on).
+type reportingListener struct {
+	net.Listener
+	ctx  context.Context
+	fail func(error)
+}
+
+func (l reportingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil && l.ctx.Err() == nil {
+		l.fail(err)
+	}
+	return c, err
 }
 
 // guest is what the sandbox needs to trust carbd's CA: the bundle bound
@@ -280,6 +301,13 @@ func (ic *interceptor) decide(ctx context.Context, client, dst netip.AddrPort, e
 	}
 	res := d.engine.Propose(ctx, ev)
 	dec := res.Decision
+	if cf := d.sup.Err(); cf != nil && dec.Verdict != decide.Refuse {
+		// A component failed while this was decided: nothing is
+		// released after a failure (its resolutions are refused by
+		// applyResolution).
+		dec = failedDecision(dec, cf)
+		d.auditFailed(dec)
+	}
 	d.record(dec)
 	var wait chan decide.Decision
 	if dec.Verdict == decide.Defer {

@@ -23,7 +23,8 @@ import (
 // engine behind the POST's question when the component fails) and
 // requests it releases (the task's URL: GETs flow until the failure; a
 // clean POST, state-changing, waits for the open scope to resolve, which
-// the failure's stop ends: its release then comes after the failure).
+// the failure's stop ends: its release then comes after the failure; the
+// same over intercepted HTTPS).
 const superviseScript = `set -u
 curl -sS -m 5 -o /dev/null http://api.example.com/status; echo "get=$?"
 key=$(grep -v -- ----- certs/service.pem)
@@ -34,6 +35,7 @@ i=0
 (while :; do i=$((i+1)); curl -sS -m 60 -o /dev/null http://api.example.com/after-$i; sleep 0.05; done) &
 (while :; do curl -sS -m 5 -o /dev/null http://api.example.com/status; sleep 0.05; done) &
 curl -sS -m 60 -o /dev/null -X POST --data clean http://api.example.com/status &
+curl -sS -m 60 -o /dev/null -X POST --data clean-tls https://api.example.com/status &
 sleep 0.5
 touch /run/carbd/wrote
 wait
@@ -42,6 +44,7 @@ wait
 // supRun is one sandbox of TestComponentFailureEndsRunClosed.
 type supRun struct {
 	id, state, staging, work string
+	upstreamCA, caDir        string // the TLS world's CA, carbd's CA, for the interception
 	out                      *syncBuffer
 }
 
@@ -55,6 +58,7 @@ func TestComponentFailureEndsRunClosed(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireTool(t, "curl")
 	w := newWorld(t, 121)
+	tw := serveTLSWorld(t, w, t.TempDir())
 	for i, tc := range []struct {
 		component string
 		fail      func(d *daemon) error
@@ -100,10 +104,10 @@ func TestComponentFailureEndsRunClosed(t *testing.T) {
 	} {
 		t.Run(tc.component, func(t *testing.T) {
 			work := secretWorkdir(t)
-			r := &supRun{id: testutil.UniqueName("f"), state: t.TempDir(), work: work, out: &syncBuffer{}}
+			r := &supRun{id: testutil.UniqueName("f"), state: t.TempDir(), work: work, caDir: t.TempDir(), out: &syncBuffer{}}
 			r.staging = filepath.Join(filepath.Dir(work), ".carbd-f"+fmt.Sprint(i))
 			t.Cleanup(func() { os.RemoveAll(r.staging) })
-			before := len(w.requests())
+			before, beforeTLS := len(w.requests()), len(tw.requests())
 
 			var atFailure []string
 			var st SandboxStatus
@@ -136,6 +140,7 @@ func TestComponentFailureEndsRunClosed(t *testing.T) {
 				},
 			}
 			op := decide.NewOperator(2 * time.Minute)
+			r.upstreamCA = tw.caFile
 			sum, err := supervisedRun(ctx, t, r, w, op, hooks, superviseScript)
 			select {
 			case ferr := <-failErr:
@@ -181,7 +186,7 @@ func TestComponentFailureEndsRunClosed(t *testing.T) {
 				}
 			}
 			for _, d := range sum.Released {
-				if d.Event != nil && !strings.Contains(d.Event.Summary(), "/status") && d.Event.Ch == decide.ChanNet && d.Event.Op != "dns:query" {
+				if d.Event != nil && !strings.Contains(d.Event.Summary(), "/status") && d.Event.Ch == decide.ChanNet && d.Event.Op != "dns:query" && d.Event.Op != "tls:connect" {
 					t.Errorf("released: %s", d.Event.Summary())
 				}
 			}
@@ -198,6 +203,9 @@ func TestComponentFailureEndsRunClosed(t *testing.T) {
 				if !strings.HasPrefix(q, "api.example.com GET /status") {
 					t.Errorf("the world received %q", q)
 				}
+			}
+			for _, q := range tw.requests()[beforeTLS:] {
+				t.Errorf("the world received over HTTPS %q", q)
 			}
 			// The staged write: not in W, still in the upper layer.
 			if _, err := os.Stat(filepath.Join(work, "staged.txt")); !errors.Is(err, fs.ErrNotExist) {
@@ -281,7 +289,8 @@ func supervisedRun(ctx context.Context, t *testing.T, r *supRun, w *world, oracl
 		Workdir: r.work, Task: "Fetch http://api.example.com/status", Argv: []string{"/bin/sh", "-c", script},
 		UID: sandboxUID, GID: sandboxUID, Oracle: oracle,
 		Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}},
-		HoldTimeout: 3 * time.Second, Stdout: r.out, Stderr: r.out, hooks: hooks}
+		HoldTimeout: 3 * time.Second, Stdout: r.out, Stderr: r.out, hooks: hooks,
+		Intercept: InterceptConfig{CADir: r.caDir, UpstreamCAs: []string{r.upstreamCA}}}
 	if op, ok := oracle.(*decide.Operator); ok {
 		cfg.Operator = op
 	}
