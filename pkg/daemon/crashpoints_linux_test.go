@@ -76,7 +76,8 @@ func TestCrashAtRandomPoints(t *testing.T) {
 		}
 	}
 	for i := 0; i < points; i++ {
-		c.Script = fmt.Sprintf(`key=$(grep -v -- ----- certs/service.pem)
+		c.Script = fmt.Sprintf(`wait_for go
+key=$(grep -v -- ----- certs/service.pem)
 for r in 1 2 3; do
   echo "point %[1]d round $r" > out-%[1]d-$r.txt
   curl -sS -m 3 -o /dev/null http://api.example.com/status-%[1]d-$r
@@ -85,6 +86,9 @@ for r in 1 2 3; do
 done
 `, i)
 		ch := startChild(t, c)
+		// The agent starts once carbd is ready (a loaded machine can be
+		// slower to answer on the socket than the agent is to finish).
+		ch.tell(t, "go")
 		delay := time.Duration(rng.IntN(2000)) * time.Millisecond
 		select {
 		case <-ch.done:
