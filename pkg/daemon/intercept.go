@@ -268,8 +268,15 @@ func (ic *interceptor) connect(ctx context.Context, client, dst netip.AddrPort, 
 		obj = dst.Addr().Unmap().String()
 		fields = []decide.Field{{Name: "addr", Role: decide.RoleTarget, Value: obj}}
 	}
+	// Before the upstream handshake nothing proves the name: it names
+	// the destination only where carbd's resolver gave it for this
+	// address (as on the verdict loop's path); it is a target either way.
+	host := sni
+	if host != "" && !ic.nc.resolved(host, dst.Addr()) {
+		host = ""
+	}
 	ev := decide.Event{Ch: decide.ChanNet, Dir: decide.Out, Op: "tls:connect", Obj: fmt.Sprintf("%s:%d", obj, dst.Port()),
-		Fields: fields, Dest: &decide.Dest{Host: sni, Addr: dst.Addr().Unmap(), Port: dst.Port(), Proto: "tcp"}}
+		Fields: fields, Dest: &decide.Dest{Host: host, Addr: dst.Addr().Unmap(), Port: dst.Port(), Proto: "tcp"}}
 	v := ic.decide(ctx, client, dst, ev)
 	if !v.Release {
 		return errors.New(v.Notice)
