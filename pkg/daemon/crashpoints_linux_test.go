@@ -107,8 +107,9 @@ done
 		check(i, fmt.Sprintf("killed after %v", delay))
 	}
 	// A last run recovers and ends cleanly.
-	c.Script = `echo final > out-final.txt`
+	c.Script = "wait_for go\necho final > out-final.txt\n"
 	ch := startChild(t, c)
+	ch.tell(t, "go")
 	if code := ch.waitExit(t); code != 0 {
 		t.Fatalf("the run after %d crashes exited %d:\n%s", points, code, ch.out.String())
 	}
