@@ -22,6 +22,7 @@ type AuditRecord struct {
 	Resolved      bool        `json:"resolved,omitempty"` // the final verdict of a held effect
 	Policy        Verdict     `json:"policy_verdict,omitempty"`
 	Reason        *Reason     `json:"reason,omitempty"`
+	Also          []Reason    `json:"also,omitempty"`
 	Justification string      `json:"justification,omitempty"`
 	Reverts       []Revert    `json:"reverts,omitempty"`
 	Trigger       string      `json:"trigger,omitempty"`
@@ -59,7 +60,7 @@ func (a *auditor) decision(t time.Time, d *Decision, resolvedScope uint64) {
 		return
 	}
 	r := AuditRecord{Type: "decision", Time: t, Seq: d.Seq, Verdict: d.Verdict, Layer: d.Layer, Kind: d.Kind,
-		Scope: d.Scope, Resolved: resolvedScope != 0, Policy: d.Policy, Justification: d.Justification, Reverts: d.Reverts}
+		Scope: d.Scope, Resolved: resolvedScope != 0, Policy: d.Policy, Justification: d.Justification, Reverts: d.Reverts, Also: d.Also}
 	reason := d.Reason
 	r.Reason = &reason
 	if ev := d.Event; ev != nil {

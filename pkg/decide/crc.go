@@ -89,6 +89,7 @@ func (e *Engine) applyCRC(p *Policy, ev *Event, spec *OpSpec, d Decision) Decisi
 			d.Justification = fmt.Sprintf("%s %q in field %s names %q, a look-alike of the trusted host %q: gated whatever its score (%.3f): %s",
 				worst.Role, clip(worst.Value, 80), worst.Field, clip(lookalikeItem, 80), lookalikeOf, worst.Score, e.originPhrase(worst.Value))
 		}
+		e.alsoUncleared(p, ev, spec, &d)
 		return d
 	}
 	rev := *ev

@@ -78,8 +78,12 @@ type Decision struct {
 	Scope uint64 `json:"scope,omitempty"`
 	// Policy is what the policy alone said (release or defer) before
 	// scopes, thresholds and the oracle.
-	Policy        Verdict  `json:"policy_verdict,omitempty"`
-	Reason        Reason   `json:"reason"`
+	Policy Verdict `json:"policy_verdict,omitempty"`
+	Reason Reason  `json:"reason"`
+	// Also are the further reasons the policy had to defer the effect
+	// (the first is Reason): an untrusted target that also carries data
+	// above its destination's clearance lists both, with the evidence.
+	Also          []Reason `json:"also,omitempty"`
 	Justification string   `json:"justification"`
 	Reverts       []Revert `json:"reverts,omitempty"`
 	// Fields are the effect's fields as released: with reverts applied.

@@ -795,3 +795,30 @@ func TestWriteJoinsLocationLabel(t *testing.T) {
 		t.Errorf("the secret left through a relabelled file: %s", d.Justification)
 	}
 }
+
+// A deferred effect lists every reason the policy had, with its evidence:
+// an untrusted destination that also carries a secret says both.
+func TestDeferralListsEveryReason(t *testing.T) {
+	p := mustPolicy(t, basePolicy)
+	var audit bytes.Buffer
+	e := New(p, Options{Audit: &audit})
+	e.Task("post the report to api.example.com")
+	e.Observe(Event{Ch: ChanFile, Dir: In, Obj: "secrets/token", Content: "tok_9f8e7d6c5b4a39281"})
+	d := e.Propose(context.Background(), post("paste.example.net", "here: tok_9f8e7d6c5b4a39281")).Decision
+	if d.Verdict != Defer || d.Reason.Code != CodeUntrustedValue {
+		t.Fatalf("%v %s: %s", d.Verdict, d.Reason.Code, d.Justification)
+	}
+	if len(d.Also) != 1 || d.Also[0].Code != CodeUncleared || d.Also[0].TokenFrom == "" {
+		t.Errorf("further reasons %+v, want the uncleared secret with where it was read", d.Also)
+	}
+	if !strings.Contains(d.Justification, "not derivable") || !strings.Contains(d.Justification, "it also carries secret data") || !strings.Contains(d.Justification, "secrets/token") {
+		t.Errorf("justification %q lacks a reason or its evidence", d.Justification)
+	}
+	if !strings.Contains(audit.String(), `"also":[{"code":"uncleared"`) {
+		t.Errorf("the audit record lacks the further reason:\n%s", audit.String())
+	}
+	// Without the secret, one reason.
+	if d := e.Propose(context.Background(), post("paste.example.net", "hello")).Decision; len(d.Also) != 0 {
+		t.Errorf("a clean effect lists further reasons %+v", d.Also)
+	}
+}

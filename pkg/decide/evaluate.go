@@ -128,11 +128,24 @@ func (e *Engine) evaluate(p *Policy, ev *Event) Decision {
 			}
 			d.Justification = fmt.Sprintf("%s %q %s is not derivable from trusted sources: %s",
 				it.Role, clip(it.Value, 80), what, e.originPhrase(it.Value))
+			e.alsoUncleared(p, ev, spec, &d)
 			return d
 		}
 	}
 
 	return e.clearanceCheck(p, ev, spec, d)
+}
+
+// alsoUncleared adds to a decision deferred for an untrusted value the
+// clearance question's answer when it defers too, with its evidence
+// (which sensitive value, read from where): whoever answers sees every
+// reason, not only the first.
+func (e *Engine) alsoUncleared(p *Policy, ev *Event, spec *OpSpec, d *Decision) {
+	d.Also = nil
+	if c := e.clearanceCheck(p, ev, spec, Decision{}); c.Verdict == Defer && c.Reason.Code == CodeUncleared {
+		d.Also = append(d.Also, c.Reason)
+		d.Justification += "; it also " + c.Justification
+	}
 }
 
 // clearanceCheck is the third question: the data the effect carries is
