@@ -238,7 +238,9 @@ func startRun(t *testing.T, bin string, w *world, work, script string, extra ...
 		"--uid", strconv.Itoa(cliUID), "--gid", strconv.Itoa(cliUID), "--host", "api.example.com=" + w.addr.String(),
 		"--audit", r.audit}
 	args = append(args, extra...)
-	args = append(args, "--", "/bin/sh", "-c", agentPrelude+script)
+	// The agent starts once carbd serves its socket: a short script
+	// could otherwise end the run before the test sees it ready.
+	args = append(args, "--", "/bin/sh", "-c", agentPrelude+"wait_for started\n"+script)
 	r.cmd = exec.Command(bin, args...)
 	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
 	if err := r.cmd.Start(); err != nil {
@@ -275,6 +277,7 @@ func startRun(t *testing.T, bin string, w *world, work, script string, extra ...
 		_, err := os.Stat(filepath.Join(r.state, "sandboxes", r.id, "operator.sock"))
 		return err == nil
 	})
+	r.tell(t, "started")
 	return r
 }
 

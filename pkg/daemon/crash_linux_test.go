@@ -123,7 +123,9 @@ const agentPrelude = `wait_for() { while [ ! -e "/run/carbd/$1" ]; do sleep 0.05
 
 func startChild(t *testing.T, c childConfig) *child {
 	t.Helper()
-	c.Script = agentPrelude + c.Script
+	// The agent starts once carbd serves its socket: a short script
+	// could otherwise end the run before the test sees it ready.
+	c.Script = agentPrelude + "wait_for started\n" + c.Script
 	raw, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
@@ -160,6 +162,7 @@ func startChild(t *testing.T, c childConfig) *child {
 		_, err := ch.client().Do(Request{Cmd: "status"}, nil)
 		return err == nil
 	})
+	ch.tell(t, "started")
 	return ch
 }
 
