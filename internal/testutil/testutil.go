@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,6 +82,19 @@ func NewNetNS(tb testing.TB) string {
 // sends can vanish. The limit is a hang guard, not a speed assertion.
 func WaitLinkReady(tb testing.TB, ns, dev string) {
 	tb.Helper()
+	waitReady(tb, ns, dev, "UP")
+}
+
+// WaitTapReady is WaitLinkReady for a tap, whose operational state stays
+// UNKNOWN (tun reports no carrier changes): it waits for the qdisc to be
+// activated.
+func WaitTapReady(tb testing.TB, ns, dev string) {
+	tb.Helper()
+	waitReady(tb, ns, dev, "UP", "UNKNOWN")
+}
+
+func waitReady(tb testing.TB, ns, dev string, states ...string) {
+	tb.Helper()
 	var last string
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		out, err := exec.Command("ip", "-n", ns, "-j", "link", "show", "dev", dev).Output()
@@ -95,7 +109,7 @@ func WaitLinkReady(tb testing.TB, ns, dev string) {
 			tb.Fatalf("ip -n %s link show %s: %v: %s", ns, dev, err, out)
 		}
 		l := links[0]
-		if l.OperState == "UP" && l.Qdisc != "" && l.Qdisc != "noop" {
+		if slices.Contains(states, l.OperState) && l.Qdisc != "" && l.Qdisc != "noop" {
 			return
 		}
 		last = l.OperState + ", qdisc " + l.Qdisc

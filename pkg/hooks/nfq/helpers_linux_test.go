@@ -61,7 +61,13 @@ type envOpt struct {
 func newEnv(t testing.TB, o envOpt) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
-	topo := tcxtest.New(t)
+	return envOn(t, tcxtest.New(t), o)
+}
+
+// envOn puts the TC program, the queue rules and (unless o.noLoop) the
+// verdict loop on topo's router link.
+func envOn(t testing.TB, topo *tcxtest.Topology, o envOpt) *env {
+	t.Helper()
 	e := &env{topo: topo, id: testutil.UniqueName("nq"), qnum: tcxtest.QueueNum(), dec: newScripted()}
 	tcfg := tcx.Config{SandboxID: e.id, Ifname: topo.RouterIf, NetNS: tcxtest.Path(topo.Router), PinDir: testPinDir}
 	dp, err := tcx.Attach(tcfg)

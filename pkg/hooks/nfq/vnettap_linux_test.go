@@ -2,22 +2,16 @@ package nfq
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/carbd/carbd/internal/testutil"
-	"github.com/carbd/carbd/pkg/hooks/nfrules"
-	"github.com/carbd/carbd/pkg/hooks/tcx"
 	"github.com/carbd/carbd/pkg/hooks/tcx/tcxtest"
 )
 
@@ -142,33 +136,6 @@ func (s *relayStats) largest() int {
 	return s.maxFrame
 }
 
-// waitTapReady is testutil.WaitLinkReady for a tap, whose operational
-// state stays UNKNOWN (tun reports no carrier changes): it waits for the
-// qdisc to be activated.
-func waitTapReady(tb testing.TB, ns, dev string) {
-	tb.Helper()
-	var last string
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		out, err := exec.Command("ip", "-n", ns, "-j", "link", "show", "dev", dev).Output()
-		if err != nil {
-			tb.Fatalf("ip -n %s link show %s: %v", ns, dev, err)
-		}
-		var links []struct {
-			Qdisc     string `json:"qdisc"`
-			OperState string `json:"operstate"`
-		}
-		if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
-			tb.Fatalf("ip -n %s link show %s: %v: %s", ns, dev, err, out)
-		}
-		l := links[0]
-		if (l.OperState == "UP" || l.OperState == "UNKNOWN") && l.Qdisc != "" && l.Qdisc != "noop" {
-			return
-		}
-		last = l.OperState + ", qdisc " + l.Qdisc
-	}
-	tb.Fatalf("tap %s in %s not ready to transmit after 60s (%s)", dev, ns, last)
-}
-
 // vnetGuest is the fake guest of these tests: a guest namespace whose
 // kernel sends through tap g0 (offloads on, so its TCP and UDP stacks
 // hand GSO super-packets with partial checksums to the tap's reader),
@@ -278,37 +245,7 @@ func newTapEnv(t testing.TB, o envOpt) (*env, *vnetGuest) {
 	wg.Add(2)
 	go relay(g.guest, g.host, true)
 	go relay(g.host, g.guest, false)
-	waitTapReady(t, topo.Guest, topo.GuestIf)
-	waitTapReady(t, topo.Router, topo.RouterIf)
-
-	e := &env{topo: topo, id: testutil.UniqueName("nq"), qnum: tcxtest.QueueNum(), dec: newScripted()}
-	tcfg := tcx.Config{SandboxID: e.id, Ifname: topo.RouterIf, NetNS: tcxtest.Path(topo.Router), PinDir: testPinDir}
-	dp, err := tcx.Attach(tcfg)
-	if err != nil {
-		t.Fatalf("attach tc program: %v", err)
-	}
-	e.dp = dp
-	t.Cleanup(func() {
-		if err := tcx.Remove(tcfg); err != nil {
-			t.Errorf("remove tc program: %v", err)
-		}
-		os.RemoveAll(filepath.Join(testPinDir, e.id))
-	})
-	if err := dp.RenewLease(time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	rc := e.rules()
-	if _, err := nfrules.Apply(rc); err != nil {
-		t.Fatalf("apply netfilter rules: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := nfrules.Remove(rc); err != nil {
-			t.Errorf("remove netfilter rules: %v", err)
-		}
-	})
-	e.hook, e.allowPanics = o.hook, o.allowPanics
-	if !o.noLoop {
-		e.start(t, o.cfg)
-	}
-	return e, g
+	testutil.WaitTapReady(t, topo.Guest, topo.GuestIf)
+	testutil.WaitTapReady(t, topo.Router, topo.RouterIf)
+	return envOn(t, topo, o), g
 }
