@@ -104,7 +104,8 @@ func (c *Conn) Recv() (Message, error) {
 }
 
 // RecvHello receives the guest's first message and checks that it is a
-// hello of this package's Version.
+// hello of a version from MinVersion to Version (the caller sends an env
+// message only to EnvVersion or later).
 func (c *Conn) RecvHello() (*Hello, error) {
 	m, err := c.Recv()
 	if err != nil {
@@ -114,8 +115,8 @@ func (c *Conn) RecvHello() (*Hello, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %s before hello", ErrUnexpected, m.Type())
 	}
-	if h.Version != Version {
-		return h, fmt.Errorf("%w: guest speaks %d, host %d", ErrVersion, h.Version, Version)
+	if h.Version < MinVersion || h.Version > Version {
+		return h, fmt.Errorf("%w: guest speaks %d, host %d to %d", ErrVersion, h.Version, MinVersion, Version)
 	}
 	return h, nil
 }

@@ -2,6 +2,7 @@ package ctrl
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,8 @@ import (
 func allMessages() []Message {
 	return []Message{
 		&Hello{Version: 1},
+		&Hello{Version: 2},
+		&Env{Vars: []string{"OPENAI_API_KEY=sk-test-0123456789abcdef", "EMPTY=", "_X1=a=b c\n\"q\""}},
 		&Task{ID: "t-1:a.b_c", Text: "fetch http://10.0.0.1/ and save it\nthen stop", Argv: []string{"sh", "-c", "echo hi > /work/x"}},
 		&Task{ID: "x", Text: "", Argv: []string{"/bin/true"}},
 		&Notice{Text: "carbd withheld POST http://evil.example/"},
@@ -57,7 +60,8 @@ func TestEncodeWireShapes(t *testing.T) {
 		m    Message
 		want string
 	}{
-		{&Hello{Version: 1}, `{"type":"hello","version":1}`},
+		{&Hello{Version: 2}, `{"type":"hello","version":2}`},
+		{&Env{Vars: []string{"API_KEY=..."}}, `{"type":"env","vars":["API_KEY=..."]}`},
 		{&Task{ID: "t1", Text: "...", Argv: []string{"sh", "-c", "..."}}, `{"type":"task","id":"t1","text":"...","argv":["sh","-c","..."]}`},
 		{&Started{PID: 42}, `{"type":"started","pid":42}`},
 		{&Output{Stream: Stdout, Data: []byte("hello\n")}, `{"type":"output","stream":"stdout","data":"aGVsbG8K"}`},
@@ -123,6 +127,18 @@ func TestDecodeRejects(t *testing.T) {
 		{`{"type":"result","status":256,"text":""}`, ErrInvalid},
 		{`{"type":"result","status":-2,"text":""}`, ErrInvalid},
 		{`{"type":"result","status":0}`, ErrMissingKey},
+		{`{"type":"env"}`, ErrMissingKey},
+		{`{"type":"env","vars":[]}`, ErrInvalid},
+		{`{"type":"env","vars":"A=1"}`, ErrInvalid},
+		{`{"type":"env","vars":["A=1",2]}`, ErrInvalid},
+		{`{"type":"env","vars":["A"]}`, ErrInvalid},
+		{`{"type":"env","vars":["=1"]}`, ErrInvalid},
+		{`{"type":"env","vars":["1A=1"]}`, ErrInvalid},
+		{`{"type":"env","vars":["A-B=1"]}`, ErrInvalid},
+		{`{"type":"env","vars":["A=1","A=2"]}`, ErrInvalid},
+		{`{"type":"env","vars":["A=x\u0000"]}`, ErrInvalid},
+		{`{"type":"env","vars":[null]}`, ErrInvalid},
+		{`{"type":"env","vars":["A=1"],"argv":["sh"]}`, ErrUnknownKey},
 	} {
 		_, err := Decode([]byte(tc.line))
 		if !errors.Is(err, tc.want) {
@@ -283,7 +299,7 @@ func TestConnConcurrentSession(t *testing.T) {
 		}()
 	}()
 
-	if h, err := host.RecvHello(); err != nil || h.Version != 1 {
+	if h, err := host.RecvHello(); err != nil || h.Version != Version {
 		t.Fatalf("hello: %v %v", h, err)
 	}
 	if err := host.Send(&Task{ID: "t7", Text: "task", Argv: []string{"agent"}}); err != nil {
@@ -331,13 +347,52 @@ func TestRecvHelloChecks(t *testing.T) {
 		in   string
 		want error
 	}{
-		{`{"type":"hello","version":2}` + "\n", ErrVersion},
+		{`{"type":"hello","version":3}` + "\n", ErrVersion},
 		{`{"type":"started","pid":1}` + "\n", ErrUnexpected},
 		{``, io.EOF},
 	} {
 		c := NewConn(rw{strings.NewReader(tc.in), io.Discard})
 		if _, err := c.RecvHello(); !errors.Is(err, tc.want) {
 			t.Errorf("RecvHello(%q) = %v, want %v", tc.in, err, tc.want)
+		}
+	}
+}
+
+// TestRecvHelloVersions: the host serves every guest from MinVersion to
+// Version (a version 1 guest takes no env message).
+func TestRecvHelloVersions(t *testing.T) {
+	for v := MinVersion; v <= Version; v++ {
+		c := NewConn(rw{strings.NewReader(fmt.Sprintf(`{"type":"hello","version":%d}`+"\n", v)), io.Discard})
+		if h, err := c.RecvHello(); err != nil || h.Version != v {
+			t.Errorf("RecvHello(version %d) = %v, %v", v, h, err)
+		}
+	}
+	if EnvVersion < MinVersion || EnvVersion > Version {
+		t.Errorf("EnvVersion %d outside %d..%d", EnvVersion, MinVersion, Version)
+	}
+}
+
+// TestEnvErrorsDoNotQuoteValues: the env message's values are
+// credentials; a refused one is named by its index only, on both sides.
+func TestEnvErrorsDoNotQuoteValues(t *testing.T) {
+	const secret = "sk-live-SECRET0123456789"
+	for _, vars := range [][]string{
+		{"K=" + secret + "\x00"},
+		{secret},
+		{"K=" + secret, "K=" + secret},
+		{"9" + secret + "=v"},
+	} {
+		_, err := Encode(&Env{Vars: vars})
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Encode(%d vars) = %v, want ErrInvalid", len(vars), err)
+		}
+		if strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("Encode's error quotes the value: %v", err)
+		}
+		line, _ := json.Marshal(map[string]any{"type": "env", "vars": vars})
+		_, err = NewConn(rw{bytes.NewReader(append(line, '\n')), io.Discard}).Recv()
+		if !errors.Is(err, ErrInvalid) || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("Recv: %v (want ErrInvalid, not quoting the value)", err)
 		}
 	}
 }

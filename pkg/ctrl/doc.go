@@ -11,13 +11,19 @@
 // is and which other keys it has; every one of those keys is required,
 // and nothing else is allowed:
 //
-//	guest -> host  {"type":"hello","version":1}
+//	guest -> host  {"type":"hello","version":2}
+//	host -> guest  {"type":"env","vars":["API_KEY=..."]}
 //	host -> guest  {"type":"task","id":"t1","text":"...","argv":["sh","-c","..."]}
 //	guest -> host  {"type":"started","pid":42}
 //	guest -> host  {"type":"output","stream":"stdout","data":"aGVsbG8K"}
 //	host -> guest  {"type":"notice","text":"..."}
 //	guest -> host  {"type":"result","status":0,"text":"..."}
 //	host -> guest  {"type":"shutdown"}
+//
+// An env message's entries are NAME=VALUE, each name once; the guest
+// adds them to the agent's environment only (never to an argv, a log or
+// the kernel command line). They are credentials: no error of this
+// package quotes them.
 //
 // Output data is base64 (standard encoding, as encoding/json writes a
 // []byte), so any byte sequence the agent writes travels unchanged; a
@@ -27,8 +33,10 @@
 //
 // # Session
 //
-// The guest says hello first; the host checks the version (Version is
-// the only one this package speaks) and sends one task. The guest runs
+// The guest says hello first; the host checks the version (MinVersion to
+// Version), sends the agent's environment in one env message when there
+// is one (only to a guest of EnvVersion or later: version 1 has no env
+// message), and sends one task. The guest runs
 // it, sends started, streams output, relays notices to the agent, sends
 // the result, and waits for shutdown (or the end of the stream) before it
 // powers off. A shutdown before the result aborts the task: the guest

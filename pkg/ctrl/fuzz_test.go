@@ -27,6 +27,10 @@ func FuzzDecode(f *testing.F) {
 		`{"type":"result","status":1e2,"text":""}`,
 		` {"type" : "shutdown"} `,
 		`{"type":"shutdown"}` + "\r",
+		`{"type":"env","vars":["A=1","B==","C=\u00e9\n"]}`,
+		`{"type":"env","vars":["A=1","A=1"]}`,
+		`{"type":"env","vars":["a_9=x","_=y"],"vars":["Z=1"]}`,
+		`{"type":"env","vars":[["A=1"]]}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -12,8 +12,15 @@ import (
 )
 
 // Version is the protocol version this package speaks; the guest announces
-// it in its hello.
-const Version = 1
+// it in its hello. Version 2 added the env message.
+const Version = 2
+
+// MinVersion is the oldest guest version a host still serves: a version 1
+// guest runs tasks without an environment (EnvVersion).
+const MinVersion = 1
+
+// EnvVersion is the first version whose guests accept an env message.
+const EnvVersion = 2
 
 // Limits of the wire format.
 const (
@@ -26,6 +33,8 @@ const (
 	MaxArgs = 4096
 	// MaxID is the longest task id.
 	MaxID = 128
+	// MaxEnv is the most variables one env message carries.
+	MaxEnv = 4096
 )
 
 // Errors. Decode errors wrap one of these, so errors.Is tells them apart.
@@ -46,6 +55,7 @@ type Type string
 // The message types.
 const (
 	TypeHello    Type = "hello"    // guest -> host
+	TypeEnv      Type = "env"      // host -> guest, before the task
 	TypeTask     Type = "task"     // host -> guest
 	TypeNotice   Type = "notice"   // host -> guest
 	TypeShutdown Type = "shutdown" // host -> guest
@@ -54,7 +64,7 @@ const (
 	TypeResult   Type = "result"   // guest -> host
 )
 
-// Message is one of *Hello, *Task, *Notice, *Shutdown, *Started, *Output
+// Message is one of *Hello, *Env, *Task, *Notice, *Shutdown, *Started, *Output
 // and *Result.
 type Message interface {
 	// Type is the message's "type" key.
@@ -66,6 +76,15 @@ type Message interface {
 // Hello is the guest's first message.
 type Hello struct {
 	Version int `json:"version"`
+}
+
+// Env is the agent's own environment (carbd run --env, --env-file): each
+// entry NAME=VALUE. The guest adds it to the agent's environment only: it
+// never goes into an argv, a log or the kernel command line. It comes
+// before the task, at most once, and only to guests of EnvVersion or
+// later. Its values are credentials: errors about them never quote them.
+type Env struct {
+	Vars []string `json:"vars"`
 }
 
 // Task is the one task of a session: Text is the principal's task (the
@@ -115,6 +134,7 @@ type Result struct {
 }
 
 func (*Hello) Type() Type    { return TypeHello }
+func (*Env) Type() Type      { return TypeEnv }
 func (*Task) Type() Type     { return TypeTask }
 func (*Notice) Type() Type   { return TypeNotice }
 func (*Shutdown) Type() Type { return TypeShutdown }
@@ -132,6 +152,45 @@ func (m *Hello) Validate() error {
 		return invalid(TypeHello, "version %d", m.Version)
 	}
 	return nil
+}
+
+// Validate checks that there are 1 to MaxEnv entries, each NAME=VALUE
+// with NAME a portable variable name (a letter or _, then letters, digits
+// and _), no name twice, and no NUL byte. Its errors name the entry by
+// its index, never by its content.
+func (m *Env) Validate() error {
+	if len(m.Vars) == 0 || len(m.Vars) > MaxEnv {
+		return invalid(TypeEnv, "%d variables (want 1 to %d)", len(m.Vars), MaxEnv)
+	}
+	seen := make(map[string]bool, len(m.Vars))
+	for i, v := range m.Vars {
+		name, value, ok := strings.Cut(v, "=")
+		if !ok || !validEnvName(name) {
+			return invalid(TypeEnv, "vars[%d] is not NAME=VALUE with a name of letters, digits and _ not starting with a digit", i)
+		}
+		if seen[name] {
+			return invalid(TypeEnv, "vars[%d] repeats an earlier name", i)
+		}
+		seen[name] = true
+		if strings.IndexByte(value, 0) >= 0 {
+			return invalid(TypeEnv, "vars[%d] holds a NUL byte", i)
+		}
+	}
+	return nil
+}
+
+// validEnvName reports whether s is a portable environment variable name.
+func validEnvName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // Validate checks the id (1 to MaxID bytes of letters, digits and
@@ -206,6 +265,7 @@ func (m *Result) Validate() error {
 // keys lists the keys each type has besides "type"; all are required.
 var keys = map[Type][]string{
 	TypeHello:    {"version"},
+	TypeEnv:      {"vars"},
 	TypeTask:     {"id", "text", "argv"},
 	TypeNotice:   {"text"},
 	TypeShutdown: {},
@@ -218,6 +278,8 @@ func newMessage(t Type) Message {
 	switch t {
 	case TypeHello:
 		return &Hello{}
+	case TypeEnv:
+		return &Env{}
 	case TypeTask:
 		return &Task{}
 	case TypeNotice:
@@ -397,6 +459,21 @@ func setField(m Message, key string, v any) error {
 		*dst = s
 		return nil
 	}
+	strs := func(dst *[]string) error {
+		arr, ok := v.([]any)
+		if !ok {
+			return bad("an array of strings")
+		}
+		*dst = make([]string, len(arr))
+		for i, a := range arr {
+			s, ok := a.(string)
+			if !ok {
+				return bad("an array of strings")
+			}
+			(*dst)[i] = s
+		}
+		return nil
+	}
 	integer := func(dst *int) error {
 		n, ok := v.(json.Number)
 		if !ok {
@@ -412,6 +489,8 @@ func setField(m Message, key string, v any) error {
 	switch m := m.(type) {
 	case *Hello:
 		return integer(&m.Version)
+	case *Env:
+		return strs(&m.Vars)
 	case *Task:
 		switch key {
 		case "id":
@@ -419,19 +498,7 @@ func setField(m Message, key string, v any) error {
 		case "text":
 			return str(&m.Text)
 		case "argv":
-			arr, ok := v.([]any)
-			if !ok {
-				return bad("an array of strings")
-			}
-			m.Argv = make([]string, len(arr))
-			for i, a := range arr {
-				s, ok := a.(string)
-				if !ok {
-					return bad("an array of strings")
-				}
-				m.Argv[i] = s
-			}
-			return nil
+			return strs(&m.Argv)
 		}
 	case *Notice:
 		return str(&m.Text)
