@@ -316,6 +316,11 @@ type Policy struct {
 	Credentials []Credential
 	creds       *credentialSet // the bound values; nil: none
 	nameCheck   NameCheck      // confirms destination names for the bindings; nil: taken as given
+
+	// Intercept is the intercept section: which TLS ports are
+	// intercepted, which server names pass through opaque, and what a
+	// client that refuses carbd's CA gets (policy_intercept.go).
+	Intercept InterceptPolicy
 }
 
 // LevelName returns the name of a level.

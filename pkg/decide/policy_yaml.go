@@ -222,7 +222,7 @@ func (p *policyParser) syntaxError(err error) {
 }
 
 var (
-	policyTopKeys       = []string{"version", "levels", "trusted", "sensitive", "parties", "unknown_parties", "internal", "credentials", "refuse", "operations", "defaults"}
+	policyTopKeys       = []string{"version", "levels", "trusted", "sensitive", "parties", "unknown_parties", "internal", "credentials", "refuse", "operations", "defaults", "intercept"}
 	policyTrustedKeys   = []string{"task", "values", "principal", "paths", "hosts", "cidrs", "ports", "objects"}
 	policySensitiveKeys = []string{"name", "level", "paths", "hosts", "cidrs", "ports", "objects"}
 	policyPartyKeys     = []string{"name", "hosts", "cidrs", "ports", "objects", "clearance"}
@@ -297,6 +297,9 @@ func (p *policyParser) parse(data []byte) *Policy {
 	}
 	if v := m["operations"]; nodePresent(v) {
 		p.parseOperations(v, pol)
+	}
+	if v := m["intercept"]; nodePresent(v) {
+		p.parseIntercept(v, pol)
 	}
 	return pol
 }
@@ -1251,6 +1254,9 @@ func (p *Policy) Summary() string {
 	fmt.Fprintf(&b, "  refuse      %s%s\n", summaryCount(len(p.Refuse), "rule"), summaryNames(rs))
 	fmt.Fprintf(&b, "  operations  %s, first match wins; otherwise %s, gate %s\n",
 		summaryCount(len(p.Operations), "entry"), policyKindWord(p.DefaultOp.Kind), gateSummary(p.DefaultOp.Gate))
+	if p.Intercept.doc() != nil {
+		fmt.Fprintf(&b, "  intercept   %s\n", p.Intercept.summary())
+	}
 	return b.String()
 }
 
@@ -1316,6 +1322,7 @@ type (
 		Refuse         []refuseDoc    `yaml:"refuse,omitempty"`
 		Operations     []operationDoc `yaml:"operations,omitempty"`
 		Defaults       operationDoc   `yaml:"defaults"`
+		Intercept      *interceptDoc  `yaml:"intercept,omitempty"`
 	}
 	trustedDoc struct {
 		Task    bool     `yaml:"task"`
@@ -1488,6 +1495,7 @@ func (p *Policy) YAML() ([]byte, error) {
 	for i := range p.Operations {
 		d.Operations = append(d.Operations, operationDocOf(&p.Operations[i], &p.DefaultOp))
 	}
+	d.Intercept = p.Intercept.doc()
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
