@@ -83,7 +83,7 @@ func runCalibFields(_ context.Context, e *env, args []string) error {
 	delta := fs.Float64("delta", 0.05, "total failure probability of the simultaneous certificate, split evenly over the strata")
 	episode := fs.Bool("episode", false, "one loss per episode and stratum (the max over its fields): certifies per-episode rates")
 	attacked := fs.Bool("attacked-only", false, "calibrate on attacked fields only: certifies the attack-conditional rate V_att")
-	rule := fs.String("rule", string(calib.RuleCRC), "threshold rule: crc (Eq. 5, expectation) or cp (Eq. 6, Clopper-Pearson high probability)")
+	rule := fs.String("rule", string(calib.RuleCRC), "threshold rule: crc (Eq. 5, expectation), cp (Eq. 6, Clopper-Pearson high probability) or transfer (certified attacker-release rate per role, no pooling; docs/calibration.md)")
 	kind := fs.String("score", string(score.KindNgram), "similarity `kind` the scores were computed with: token, ngram or max")
 	poolWith := fs.String("pool-with", "target,credential,command", "`roles` whose fields join the pooled stratum of rare roles (empty: none)")
 	allowMissing := fs.Bool("allow-missing", false, "pool a budgeted role that has no calibration fields instead of failing")

@@ -102,7 +102,8 @@ func binomialLowerTail(k, n int, p float64) float64 {
 // units a stratum of n units may allow at its threshold under rule:
 //
 //   - RuleCRC (Eq. 5): (K+1)/(n+1) <= alpha, i.e. K = floor(alpha(n+1)) − 1;
-//   - RuleCP (Eq. 6): ClopperPearsonUpper(K, n, delta) <= alpha.
+//   - RuleCP (Eq. 6): ClopperPearsonUpper(K, n, delta) <= alpha;
+//   - RuleTransfer: the same with n the violated units only.
 //
 // It is −1 when not even K = 0 qualifies: the stratum is below its floor
 // (1/(n+1) for RuleCRC) and no threshold keeps the budget. Budgets are
@@ -114,7 +115,7 @@ func MaxAllowedViolations(rule Rule, n int, alpha, delta float64) int {
 		return -1
 	}
 	switch rule {
-	case RuleCP:
+	case RuleCP, RuleTransfer:
 		if n == 0 || ClopperPearsonUpper(0, n, delta) > alpha {
 			return -1
 		}

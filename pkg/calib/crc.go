@@ -25,15 +25,26 @@ const (
 	// bound at 1−δ_g is at most α, so that every stratum that keeps any
 	// threshold is certified with high probability (Theorem 2).
 	RuleCP Rule = "cp"
+	// RuleTransfer certifies each role's attacker-release rate, the
+	// fraction of its violated units a threshold allows, with the
+	// Clopper–Pearson bound at 1−δ_g, and keeps the largest threshold
+	// whose bound is at most α. The rate does not depend on how often
+	// violations occur, so the bound V(r) <= α holds for a model fooled
+	// at any rate (docs/calibration.md, "Transfer by construction"). A
+	// role whose violated units are too few for a certificate gets no
+	// threshold: the strict rule (every untrusted field is blocked).
+	// Roles are never pooled under this rule: a role's threshold rests
+	// on its own evidence only.
+	RuleTransfer Rule = "transfer"
 )
 
-// ParseRule parses "crc" or "cp".
+// ParseRule parses "crc", "cp" or "transfer".
 func ParseRule(s string) (Rule, error) {
 	switch Rule(s) {
-	case RuleCRC, RuleCP:
+	case RuleCRC, RuleCP, RuleTransfer:
 		return Rule(s), nil
 	}
-	return "", fmt.Errorf("calib: unknown threshold rule %q (want crc or cp)", s)
+	return "", fmt.Errorf("calib: unknown threshold rule %q (want crc, cp or transfer)", s)
 }
 
 // Budgets maps each controlled role to its risk budget α(r) in [0, 1).
@@ -237,7 +248,7 @@ func Calibrate(fields []FieldRecord, cfg Config) (*Artifact, error) {
 			}
 			return nil, fmt.Errorf("calib: role %s has a budget but no %s (the allow-missing option, --allow-missing, pools it instead)", r, what)
 		}
-		if MaxAllowedViolations(RuleCRC, u.n, cfg.Budgets[r], 0) < 0 {
+		if opts.Rule != RuleTransfer && MaxAllowedViolations(RuleCRC, u.n, cfg.Budgets[r], 0) < 0 {
 			pooled = append(pooled, r)
 		} else {
 			own[r] = u
@@ -378,6 +389,9 @@ func solve(fields []FieldRecord, set roleSet, u units, rule Rule, alpha, deltaG 
 		Delta:    deltaG,
 	}
 	floorOK := MaxAllowedViolations(RuleCRC, u.n, alpha, 0) >= 0
+	if rule == RuleTransfer {
+		return solveTransfer(fields, set, u, st, floorOK)
+	}
 	K := MaxAllowedViolations(rule, u.n, alpha, deltaG)
 	switch {
 	case K < 0:
@@ -411,5 +425,44 @@ func solve(fields []FieldRecord, set roleSet, u units, rule Rule, alpha, deltaG 
 	if !st.Certifiable && !st.BlockAll {
 		st.Note = fmt.Sprintf("Clopper-Pearson bound %.4g > alpha: expectation guarantee only, more calibration data needed to certify", st.CPUpper)
 	}
+	return st
+}
+
+// solveTransfer is solve under RuleTransfer: the units certified are the
+// m violated ones, and the quantity bounded is the fraction of them the
+// threshold allows. K = MaxAllowedViolations(RuleTransfer, m, α, δ_g)
+// is the most of them that may be allowed; as in solve, the threshold is
+// the largest calibration score below the (K+1)-th smallest violated loss
+// score, and every score in the gap up to it is blocked. With too few
+// violated units for even K = 0 (m < ln δ_g / ln(1−α)) the stratum blocks
+// every field: the role stays at the strict rule.
+func solveTransfer(fields []FieldRecord, set roleSet, u units, st Stratum, floorOK bool) Stratum {
+	m := len(u.viol)
+	K := MaxAllowedViolations(RuleTransfer, m, st.Alpha, st.Delta)
+	blocked := func(note string) Stratum {
+		st.BlockAll, st.Note = true, note
+		st.InflatedRisk = 1 / float64(u.n+1)
+		st.CPUpper = 1
+		return st
+	}
+	if K < 0 {
+		return blocked(fmt.Sprintf("%d violated units are too few to certify an attacker-release rate <= alpha at 1-delta_g: the strict rule (blocks every untrusted field)", m))
+	}
+	v := u.viol[K] // K < m: U(m, m; δ) = 1 > α
+	if v <= 0 {
+		return blocked("violated fields score 0: blocks every field")
+	}
+	tau := 0.0
+	for i := range fields {
+		if s := fields[i].Score; s < v && s > tau && set.has(fields[i].Role) {
+			tau = s
+		}
+	}
+	st.Threshold = tau
+	st.K, _ = slices.BinarySearch(u.viol, v)
+	st.InflatedRisk = float64(st.K+1) / float64(u.n+1)
+	st.CPUpper = ClopperPearsonUpper(st.K, m, st.Delta)
+	st.Certifiable = floorOK && st.CPUpper <= st.Alpha
+	st.Note = fmt.Sprintf("attacker-release rate certified on its own violated units: %d of %d allowed, Clopper-Pearson bound %.4g", st.K, m, st.CPUpper)
 	return st
 }
