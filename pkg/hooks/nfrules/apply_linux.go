@@ -90,6 +90,17 @@ func Apply(cfg Config) (Backend, error) {
 	if err != nil {
 		return 0, err
 	}
+	// After the rules, whose conntrack match keeps the defragmenter
+	// registered; a configuration without Untracked removes the table a
+	// previous Apply made.
+	if p.Untrack != nil {
+		err = applyUntrack(p.Untrack, cfg.NetNS)
+	} else {
+		err = removeUntrack(untrackName(cfg.SandboxID), cfg.NetNS)
+	}
+	if err != nil {
+		return 0, err
+	}
 	return b, nil
 }
 
@@ -103,6 +114,9 @@ func Remove(cfg Config) error {
 		return err
 	}
 	var errs []error
+	if err := removeUntrack(untrackName(cfg.SandboxID), cfg.NetNS); err != nil {
+		errs = append(errs, err)
+	}
 	if cfg.Backend != BackendXtables {
 		p, _ := Build(cfg, BackendNFT)
 		if err := removeNFT(p, cfg.NetNS); err != nil {
@@ -120,11 +134,16 @@ func Remove(cfg Config) error {
 
 // Verify checks that carbd's rules for cfg are in place on backend b:
 // chains present with the planned rules and, for xtables, the jumps first
-// in FORWARD and INPUT.
+// in FORWARD and INPUT; with Untracked, the raw table's chains too.
 func Verify(cfg Config, b Backend) error {
 	p, err := Build(cfg, b)
 	if err != nil {
 		return err
+	}
+	if p.Untrack != nil {
+		if err := verifyUntrack(p.Untrack, cfg.NetNS); err != nil {
+			return err
+		}
 	}
 	switch b {
 	case BackendXtables:

@@ -3,6 +3,7 @@ package nfrules
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 )
 
@@ -61,6 +62,17 @@ type Config struct {
 	NetNS string
 	// Backend: BackendAuto (zero) runs Detect in NetNS.
 	Backend Backend
+	// Untracked, when it lists the guest's networks, exempts the
+	// sandbox's traffic from connection tracking (an nftables table at
+	// raw priority, see UntrackTable): what arrives on Iface and what goes
+	// to these networks. The defragmenter still runs before it, so the
+	// queue still sees whole datagrams, and carbd's rules decide untracked
+	// packets as before; released flows then pay no conntrack. Leave it
+	// empty (tracked) whenever anything on the host needs conntrack for
+	// the sandbox's traffic: masquerading (BuildNAT, as carbd run does),
+	// a REDIRECT (interception), or a stateful host rule (ct state) on the
+	// guest's flows.
+	Untracked []netip.Prefix
 }
 
 func (c Config) marks() Marks {
@@ -104,6 +116,11 @@ func (c Config) Validate() error {
 	}
 	if c.Backend > BackendXtables {
 		return fmt.Errorf("nfrules: unknown backend %d", c.Backend)
+	}
+	for _, p := range c.Untracked {
+		if !p.IsValid() || p.Addr().Is4In6() {
+			return fmt.Errorf("nfrules: untracked network %v: want an IPv4 or IPv6 prefix", p)
+		}
 	}
 	return nil
 }
@@ -156,6 +173,10 @@ type Plan struct {
 	// Jumps send the interface's traffic from each hook to its chain.
 	Jumps  []JumpRule
 	Chains []Chain
+	// Untrack is the table exempting the sandbox's traffic from
+	// conntrack (Config.Untracked); nil: tracked. It is an nftables table
+	// on either backend (raw priority needs no queue statement).
+	Untrack *UntrackTable
 }
 
 // JumpRule sends traffic arriving on Iface at Hook into Chain.
@@ -205,8 +226,16 @@ func Build(cfg Config, b Backend) (*Plan, error) {
 		{Name: fwd, Hook: "forward", Rules: []Rule{mark(m.Pass, Continue), queue, {Action: Drop}}},
 		{Name: in, Hook: "input", Rules: []Rule{mark(m.Pass, Continue), mark(m.LinkLocal, Continue), queue, {Action: Drop}}},
 	}
+	if len(cfg.Untracked) > 0 {
+		p.Untrack = &UntrackTable{Name: untrackName(cfg.SandboxID), Iface: cfg.Iface}
+		for _, n := range cfg.Untracked {
+			p.Untrack.Networks = append(p.Untrack.Networks, n.Masked())
+		}
+	}
 	return p, nil
 }
+
+func untrackName(id string) string { return "carbd-raw-" + id }
 
 // String renders the plan in its backend's own syntax: an
 // iptables-restore input (for a namespace without carbd's rules yet) or

@@ -2,6 +2,7 @@ package nfrules
 
 import (
 	"flag"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,6 +50,34 @@ func TestPlanGolden(t *testing.T) {
 	}
 }
 
+// TestPlanUntracked: with the guest's networks, the plan adds the raw
+// table (golden) and leaves the filter rules as they are: carbd's
+// decisions do not depend on conntrack.
+func TestPlanUntracked(t *testing.T) {
+	cfg := sb1
+	cfg.Untracked = []netip.Prefix{netip.MustParsePrefix("10.200.0.22/30"), netip.MustParsePrefix("fd00:cb:0:5::1/64")}
+	for _, b := range []Backend{BackendXtables, BackendNFT} {
+		tracked, err := Build(sb1, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tracked.Untrack != nil {
+			t.Fatalf("%s: untrack table without Untracked", b)
+		}
+		p, err := Build(cfg, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Untrack == nil {
+			t.Fatalf("%s: no untrack table", b)
+		}
+		if d := cmp.Diff(tracked.String(), p.String()); d != "" {
+			t.Errorf("%s: the filter rules changed (-tracked +untracked):\n%s", b, d)
+		}
+		golden(t, "untrack.golden", p.Untrack.NFTScript())
+	}
+}
+
 func TestPlanCustomMarks(t *testing.T) {
 	cfg := sb1
 	cfg.Marks = Marks{Mask: 0xff00, Pass: 0x100, Queue: 0x200, LinkLocal: 0x300}
@@ -81,6 +110,8 @@ func TestValidate(t *testing.T) {
 		{"zero mark", func(c *Config) { c.Marks = Marks{Mask: 0xff00, Pass: 0x100, Queue: 0, LinkLocal: 0x300} }, "queue is zero"},
 		{"same marks", func(c *Config) { c.Marks = Marks{Mask: 0xff00, Pass: 0x100, Queue: 0x100, LinkLocal: 0x300} }, "pass and queue"},
 		{"bad backend", func(c *Config) { c.Backend = 9 }, "unknown backend"},
+		{"untracked zero prefix", func(c *Config) { c.Untracked = []netip.Prefix{{}} }, "untracked network"},
+		{"untracked mapped prefix", func(c *Config) { c.Untracked = []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")} }, "untracked network"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := sb1

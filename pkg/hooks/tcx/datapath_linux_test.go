@@ -41,8 +41,9 @@ type env struct {
 }
 
 type envOpt struct {
-	mode  Mode
-	rules bool // install carbd's netfilter rules in the router
+	mode      Mode
+	rules     bool // install carbd's netfilter rules in the router
+	untracked bool // with the guest's networks untracked (nfrules.Config.Untracked)
 }
 
 func newEnv(t *testing.T, o envOpt) *env {
@@ -72,6 +73,9 @@ func newEnv(t *testing.T, o envOpt) *env {
 	}
 	if o.rules {
 		rc := e.rulesConfig()
+		if o.untracked {
+			rc.Untracked = []netip.Prefix{netip.PrefixFrom(topo.Guest4, 24), netip.PrefixFrom(topo.Guest6, 64)}
+		}
 		b, err := nfrules.Apply(rc)
 		if err != nil {
 			t.Fatalf("apply rules: %v", err)
@@ -699,9 +703,17 @@ func TestLeaseExpiry(t *testing.T) {
 }
 
 // TestFragmentsReassembledBeforeQueue: every fragment is marked for the
-// queue, and netfilter's defragmenter hands the queue the whole datagram.
+// queue, and netfilter's defragmenter hands the queue the whole datagram,
+// with the sandbox's traffic tracked or untracked (the defragmenter runs
+// before the raw table).
 func TestFragmentsReassembledBeforeQueue(t *testing.T) {
-	e := newEnv(t, envOpt{rules: true})
+	for _, untracked := range []bool{false, true} {
+		t.Run(fmt.Sprint("untracked=", untracked), func(t *testing.T) { testFragmentsReassembled(t, untracked) })
+	}
+}
+
+func testFragmentsReassembled(t *testing.T, untracked bool) {
+	e := newEnv(t, envOpt{rules: true, untracked: untracked})
 	q := e.dropQueue(t)
 	for _, fam := range []int{4, 6} {
 		guest, world := e.addrs(fam)
