@@ -17,12 +17,12 @@ import (
 // its own CA and connects upstream verifying the world's, as carbd's
 // proxy does. It returns the base URL (host localhost) and the CA to
 // trust. The benchmarks compare the two in the same run; without
-// mitmdump installed the comparison is skipped.
+// mitmdump installed it returns "" and the comparison is left out.
 func mitmdump(b *testing.B, w *world) (string, *x509.CertPool) {
 	b.Helper()
 	bin, err := exec.LookPath("mitmdump")
 	if err != nil {
-		b.Skip("mitmdump is not installed (apt-get install mitmproxy)")
+		return "", nil
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
