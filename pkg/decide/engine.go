@@ -236,12 +236,16 @@ func (e *Engine) observeLocked(ev *Event) {
 		origin = "the user's message"
 	}
 	values := match.Extract(ev.Content)
+	vouched, fields := e.fieldTrustLocked(p, ev, l.Integrity, values) // fieldtrust.go
 	if l.Integrity == Trusted {
-		e.trusted.Add(origin, values...)
+		e.trusted.Add(origin, vouched...)
 		e.tctx.Add(ev.Content)
 	} else {
 		e.untrusted.Add(origin, values...)
 		e.uctx.Add(ev.Content)
+	}
+	for _, f := range fields {
+		e.trusted.Add(f.origin, f.values...)
 	}
 	if l.Level > 0 {
 		e.sens.Add(origin, uint8(l.Level), values...)

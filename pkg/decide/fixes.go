@@ -33,12 +33,15 @@ type Ablation struct {
 	// clearance question, list items scored as one value, the principal's
 	// declared identity not trusted, and no look-alike gate.
 	Classes bool
+	// Fields: field-level trust (fieldtrust.go); the policy's fields
+	// section is ignored, sources are trusted or not as a whole.
+	Fields bool
 }
 
 // AblationNames are the refinements' names, in the order String lists
 // them: revert, embedded, forms, identity, tasktokens, distinctive,
-// classes.
-var AblationNames = []string{"revert", "embedded", "forms", "identity", "tasktokens", "distinctive", "classes"}
+// classes, fields.
+var AblationNames = []string{"revert", "embedded", "forms", "identity", "tasktokens", "distinctive", "classes", "fields"}
 
 func (a *Ablation) switchNamed(name string) *bool {
 	switch name {
@@ -56,6 +59,8 @@ func (a *Ablation) switchNamed(name string) *bool {
 		return &a.Distinctive
 	case "classes":
 		return &a.Classes
+	case "fields":
+		return &a.Fields
 	}
 	return nil
 }

@@ -305,6 +305,10 @@ type Policy struct {
 	// item of a list value that T otherwise derives (classes.go).
 	Principal []string
 
+	// Fields mark fields of sources' structured output as trusted or
+	// untrusted (policy section fields:, fieldtrust.go), in file order.
+	Fields []FieldRule
+
 	// UnknownPartyDefer: an effect to a party the policy does not name is
 	// deferred even when its values are trusted (Kairos). When false, an
 	// unnamed party has the lowest clearance.

@@ -238,7 +238,7 @@ func (p *policyParser) parse(data []byte) *Policy {
 	if root == nil {
 		return nil
 	}
-	m, ok := p.fields(root, "", policyTopKeys, false)
+	m, ok := p.fields(root, "", policyAllTopKeys, false)
 	if !ok {
 		return nil
 	}
@@ -262,6 +262,9 @@ func (p *policyParser) parse(data []byte) *Policy {
 	}
 	if v := m["sensitive"]; nodePresent(v) {
 		p.parseSensitive(v, pol)
+	}
+	if v := m["fields"]; nodePresent(v) {
+		p.parseFields(v, pol) // fieldtrust_yaml.go
 	}
 	if v := m["parties"]; nodePresent(v) {
 		pol.Parties = p.parseParties(v, "parties", partyNames, false)
@@ -1315,6 +1318,7 @@ type (
 		Levels         []string       `yaml:"levels,flow"`
 		Trusted        trustedDoc     `yaml:"trusted"`
 		Sensitive      []sourceDoc    `yaml:"sensitive,omitempty"`
+		Fields         []fieldDoc     `yaml:"fields,omitempty"`
 		Parties        []partyDoc     `yaml:"parties,omitempty"`
 		UnknownParties string         `yaml:"unknown_parties"`
 		Internal       []partyDoc     `yaml:"internal,omitempty"`
@@ -1468,6 +1472,7 @@ func (p *Policy) YAML() ([]byte, error) {
 		d.Sensitive = append(d.Sensitive, sourceDoc{Name: s.Name, Level: name, Paths: globPatterns(s.Paths),
 			Hosts: globPatterns(s.Net.Hosts), CIDRs: prefixStrings(s.Net.Prefixes), Ports: s.Net.Ports, Objects: globPatterns(s.Objects)})
 	}
+	d.Fields = fieldDocs(p.Fields)
 	for _, pt := range p.Parties {
 		name, err := lv(pt.Clearance)
 		if err != nil {

@@ -337,7 +337,7 @@ func TestParseAblation(t *testing.T) {
 		t.Errorf("ParseAblation = %+v %q, %v", a, a.String(), err)
 	}
 	all, err := ParseAblation(strings.Join(AblationNames, ","))
-	if err != nil || all != (Ablation{true, true, true, true, true, true, true}) {
+	if err != nil || all != (Ablation{true, true, true, true, true, true, true, true}) {
 		t.Errorf("every name: %+v, %v", all, err)
 	}
 	if a, err := ParseAblation(""); err != nil || a != (Ablation{}) || a.String() != "" {
