@@ -30,9 +30,9 @@ type testFront struct {
 	addr netip.AddrPort
 	mu   sync.Mutex
 	// What the Front reported.
-	hellos   []string // "route sni"
-	refused  []string // CARefused: "sni alert"
-	passed   []string // Passed: "sni up down err"
+	hellos  []string // "route sni"
+	refused []string // CARefused: "sni alert"
+	passed  []string // Passed: "sni up down err"
 }
 
 func newTestFront(t *testing.T, tp *testProxy, dst netip.AddrPort, route func(h *Hello) Route, mod func(*FrontConfig)) *testFront {
