@@ -13,13 +13,14 @@ import (
 const MinTokenLen = 8
 
 const (
-	gramLen = 4                         // q: bytes of a probed q-gram
-	stride  = MinTokenLen - gramLen + 1 // k: probe every k-th position
-	hashQ   = 0x9E3779B1                // multiplicative hash of a q-gram
-	hashP   = 0x9E3779B97F4A7C15        // multiplicative hash of a prefix
-	minBits = 10                        // smallest table: 1 Ki entries
-	gramPer = 16                        // gram-table bytes per token
-	prefPer = 32                        // prefix-filter bits per token
+	gramLen  = 5                         // q: bytes of a probed q-gram
+	stride   = MinTokenLen - gramLen + 1 // k: probe every k-th position
+	gramMask = 1<<(8*gramLen) - 1        // a q-gram's bytes in a little-endian word
+	hashQ    = 0xD6E8FEB86659FD93        // multiplicative hash of a q-gram
+	hashP    = 0x9E3779B97F4A7C15        // multiplicative hash of a prefix
+	minBits  = 10                        // smallest table: 1 Ki entries
+	gramPer  = 128                       // gram-filter bits per token
+	prefPer  = 32                        // prefix-filter bits per token
 )
 
 // Index is S_i, the sensitive tokens: every token is a normalised string
@@ -51,8 +52,8 @@ type Index struct {
 	byText map[string]int32 // token -> newest record with that text
 	heads  []int32          // prefix hash -> newest record of the chain, or -1
 	hshift uint8            // 64 - log2(len(heads))
-	grams  []uint8          // q-gram hash -> offsets 0..k-1 it occurs at
-	gshift uint8            // 32 - log2(len(grams))
+	gbits  []uint64         // q-gram hash -> some record has it at an offset 0..k-1 (a bitset)
+	gshift uint8            // 64 - log2(64*len(gbits))
 	pbits  []uint64         // prefix hash -> some record may have it (a bitset)
 	pshift uint8            // 64 - log2(64*len(pbits))
 	top    uint8            // highest level of any record
@@ -96,7 +97,7 @@ func (x *Index) Stats() IndexStats {
 		Short:      x.short,
 		Duplicates: x.dup,
 		Ignored:    x.ignored,
-		TableBytes: 4*len(x.heads) + len(x.grams) + 8*len(x.pbits),
+		TableBytes: 4*len(x.heads) + 8*len(x.gbits) + 8*len(x.pbits),
 	}
 }
 
@@ -158,7 +159,7 @@ func (x *Index) add(t, origin string, level uint8, older int32) {
 	if level > x.top || id == 0 {
 		x.top = level
 	}
-	if 2*len(x.toks) > len(x.heads) || gramPer*len(x.toks) > len(x.grams) || prefPer*len(x.toks) > 64*len(x.pbits) {
+	if 2*len(x.toks) > len(x.heads) || gramPer*len(x.toks) > 64*len(x.gbits) || prefPer*len(x.toks) > 64*len(x.pbits) {
 		x.next = append(x.next, -1)
 		x.rebuild()
 		return
@@ -169,10 +170,11 @@ func (x *Index) add(t, origin string, level uint8, older int32) {
 	x.addFilters(t, p)
 }
 
-// addFilters records a token in the gram table and the prefix filter.
+// addFilters records a token in the gram filter and the prefix filter.
 func (x *Index) addFilters(t string, p uint64) {
 	for j := 0; j < stride; j++ {
-		x.grams[load32(t, j)*hashQ>>x.gshift] |= 1 << j
+		g := gramHash(p>>(8*j), x.gshift)
+		x.gbits[g>>6] |= 1 << (g & 63)
 	}
 	f := p * hashP >> x.pshift
 	x.pbits[f>>6] |= 1 << (f & 63)
@@ -186,7 +188,7 @@ func (x *Index) rebuild() {
 	hb := max(minBits, bits.Len(uint(2*n)))
 	gb := max(minBits, bits.Len(uint(gramPer*n)))
 	pb := max(minBits, bits.Len(uint(prefPer*n)))
-	if hb > 30 || gb > 30 || pb > 36 {
+	if hb > 30 || gb > 36 || pb > 36 {
 		panic("match: index too large")
 	}
 	if len(x.heads) != 1<<hb {
@@ -204,14 +206,14 @@ func (x *Index) rebuild() {
 	x.rebuildFilters(gb, pb)
 }
 
-// rebuildFilters sizes the gram table to 2^gb bytes and the prefix
+// rebuildFilters sizes the gram filter to 2^gb bits and the prefix
 // filter to 2^pb bits and fills them from the records.
 func (x *Index) rebuildFilters(gb, pb int) {
-	if len(x.grams) != 1<<gb {
-		x.grams = make([]uint8, 1<<gb)
-		x.gshift = uint8(32 - gb)
+	if 64*len(x.gbits) != 1<<gb {
+		x.gbits = make([]uint64, 1<<gb/64)
+		x.gshift = uint8(64 - gb)
 	} else {
-		clear(x.grams)
+		clear(x.gbits)
 	}
 	if 64*len(x.pbits) != 1<<pb {
 		x.pbits = make([]uint64, 1<<pb/64)
@@ -260,6 +262,12 @@ func (x *Index) Truncate(n int) {
 	// harmless (its candidates fail the exact checks) but cost probes:
 	// rebuild once they are a quarter of what is left.
 	if 4*x.stale > n {
-		x.rebuildFilters(bits.Len(uint(len(x.grams)))-1, bits.Len(uint(64*len(x.pbits)))-1)
+		x.rebuildFilters(bits.Len(uint(64*len(x.gbits)))-1, bits.Len(uint(64*len(x.pbits)))-1)
 	}
+}
+
+// gramHash returns the gram filter's bit for the q-gram in the low
+// gramLen bytes of w (the rest of w is ignored).
+func gramHash(w uint64, shift uint8) uint64 {
+	return (w & gramMask) * hashQ >> (shift & 63)
 }

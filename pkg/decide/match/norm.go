@@ -193,9 +193,3 @@ func normRune(s string, i int) (out, size int) {
 	}
 	return utf8.RuneLen(unicode.ToLower(r)), size
 }
-
-// load32 reads s[i:i+4] little-endian.
-func load32(s string, i int) uint32 {
-	s = s[i : i+4]
-	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
-}

@@ -129,12 +129,13 @@ func (x *Index) maxLevel(sc *scanner) (uint8, bool) {
 // covers the q-grams starting at p, ..., p+stride-1 with its first
 // MinTokenLen bytes, and exactly one of those starting positions is a
 // multiple of stride. So the scan reads only the q-grams at multiples of
-// stride. For each block it
-//  1. looks every probed q-gram up in the gram table, which says at which
-//     offsets j of some token's first bytes that q-gram (by hash) occurs,
-//     and lists the probes with any offset, without a branch on the data;
-//  2. tests each listed candidate start p-j against the prefix filter
-//     (a bitset of the hashes of the tokens' first 8 bytes);
+// stride (q = 5, stride 4). For each block it
+//  1. looks every probed q-gram up in the gram filter, a bitset of the
+//     hashes of the q-grams at offsets 0..stride-1 of every token, and
+//     lists the probes that hit, without a branch on the data;
+//  2. tests the stride candidate starts p-j of each listed probe against
+//     the prefix filter (a bitset of the hashes of the tokens' first 8
+//     bytes);
 //  3. looks the survivors' first 8 bytes up in the prefix table and
 //     verifies each record of the chain in full.
 type scanner struct {
@@ -205,26 +206,24 @@ func (sc *scanner) next() (id int32, abs int, ok bool) {
 // filters.
 func (sc *scanner) collect() {
 	x := sc.x
-	b, grams, gshift := sc.buf, x.grams, x.gshift
+	b := sc.buf
 	cand := sc.candBuf
 	if len(b) < sc.end+MinTokenLen+stride || len(cand) < (sc.end-sc.probe)/stride+1 {
 		panic("match: scan buffers too small")
 	}
-	// 1: the gram table. Every probe is written, the count only grows on
+	// 1: the gram filter. Every probe is written, the count only grows on
 	// a hit: no branch for the predictor to miss.
-	nc, p := gramScan(b, grams, uint32(gshift), cand, sc.probe, sc.end)
+	nc, p := gramScan(b, x.gbits, x.gshift, cand, sc.probe, sc.end)
 	sc.probe = p
-	// 2: the prefix filter. Bytes past the block are stale but inside
-	// buf; a stale candidate fails the exact checks later.
+	// 2: the prefix filter, for the k candidate starts of each probe that
+	// passed. Bytes past the block are stale but inside buf; a stale
+	// candidate fails the exact checks later.
 	pbits, pshift := x.pbits, x.pshift&63
 	k := 0
 	for _, c := range cand[:nc] {
 		p := int(c >> 8)
-		// Only the offsets the gram table names: fewer random accesses
-		// than testing all of them.
 		var keep uint8
-		for mm := uint8(c); mm != 0; mm &= mm - 1 {
-			j := bits.TrailingZeros8(mm)
+		for j := range stride {
 			u := binary.LittleEndian.Uint64(b[max(p-j, 0):])
 			f := u * hashP >> pshift
 			keep |= uint8(pbits[f>>6]>>(f&63)&1) << j
@@ -232,31 +231,27 @@ func (sc *scanner) collect() {
 		if p < stride-1 {
 			keep &= uint8(1)<<(p+1) - 1 // no candidate starts before the content
 		}
-		cand[k] = c & keep32(keep)
-		if uint8(c)&keep != 0 {
+		cand[k] = c | uint32(keep)
+		if keep != 0 {
 			k++
 		}
 	}
 	sc.ci, sc.nc = 0, k
 }
 
-// gramScan looks up the q-grams at p, p+stride, ... <= end of b in grams
-// and writes position<<8 | offsets of those with offsets to cand. It
-// returns how many it wrote and the first position it did not probe.
-func gramScan(b []byte, grams []uint8, gshift uint32, cand []uint32, p, end int) (int, int) {
+// gramScan looks up the q-grams at p, p+stride, ... <= end of b in the
+// gram filter and writes position<<8 of those it has to cand. It returns
+// how many it wrote and the first position it did not probe. b must hold
+// 8 bytes from every probed position.
+func gramScan(b []byte, gbits []uint64, gshift uint8, cand []uint32, p, end int) (int, int) {
 	nc := 0
-	gshift &= 31 // (it is; saying so spares a check per probe)
 	for ; p <= end; p += stride {
-		m := grams[binary.LittleEndian.Uint32(b[p:p+4])*hashQ>>gshift]
-		cand[nc] = uint32(p)<<8 | uint32(m)
-		if m != 0 {
-			nc++
-		}
+		g := gramHash(binary.LittleEndian.Uint64(b[p:]), gshift)
+		cand[nc] = uint32(p) << 8
+		nc += int(gbits[g>>6] >> (g & 63) & 1)
 	}
 	return nc, p
 }
-
-func keep32(keep uint8) uint32 { return ^uint32(0xff) | uint32(keep) }
 
 // fill moves the unprobed tail of buf to its front and normalises the
 // next block of s behind it. It reports false at the end of s.
