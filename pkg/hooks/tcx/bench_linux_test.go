@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"sort"
 	"testing"
@@ -58,12 +59,21 @@ func BenchmarkProgram(b *testing.B) {
 }
 
 // BenchmarkReleasedTCPThroughput measures iperf3 from the guest to the
-// world through the router namespace: without carbd (baseline), with the
-// TC program only, and with the program, carbd's netfilter rules and a
-// queue listener (which releases iperf3's control connection; the data
-// stream's flow is released up front). Runs rotate their order between
-// rounds; it reports the median rates and their ratios to the baseline
-// (goal: at least 0.95).
+// world through the router namespace, each path against its own baseline
+// from the same run:
+//
+//   - routed: without carbd (baseline); with the TC program only; with the
+//     program, carbd's netfilter rules and a queue listener (which releases
+//     iperf3's control connection; the data stream's flow is released up
+//     front), the guest's networks untracked (nfrules.Config.Untracked,
+//     carbd-ratio: the goal) and tracked as before (tracked-ratio: the
+//     queue rule's conntrack match tracks every packet of the namespace);
+//   - masqueraded, as carbd run routes a sandbox (nfrules.ApplyNAT, which
+//     needs conntrack whatever carbd does): without carbd (nat) and with
+//     carbd's program, rules and listener (nat-ratio).
+//
+// Runs rotate their order between rounds; it reports the median rates and
+// the ratios of the medians (goal: at least 0.95).
 func BenchmarkReleasedTCPThroughput(b *testing.B) {
 	testutil.RequireRoot(b)
 	testutil.RequireTool(b, "iperf3")
@@ -76,10 +86,18 @@ func BenchmarkReleasedTCPThroughput(b *testing.B) {
 	b.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
 	time.Sleep(300 * time.Millisecond) // let it listen
 
-	const seconds = 3
-	const cport = 5298 // the data stream's client port: its flow is known in advance
-	dataFlow := FlowKey{Src: topo.Guest4, Dst: topo.World4, SrcPort: cport, DstPort: port, Proto: ProtoTCP}
-	measure := func() float64 {
+	const seconds = 2
+	// The data stream's client port, so its flow is known in advance; the
+	// masqueraded runs use another: a 5-tuple's conntrack entry outlives
+	// its connection (CLOSE, TIME_WAIT), and a new connection on it takes
+	// the entry over with its NAT binding or lack of one (tracked after
+	// masqueraded on one port stalled at 0.00 Gbit/s, carbd or not).
+	const cport, natPort = 5298, 5297
+	flowOf := func(p uint16) FlowKey {
+		return FlowKey{Src: topo.Guest4, Dst: topo.World4, SrcPort: p, DstPort: port, Proto: ProtoTCP}
+	}
+	guestNets := []netip.Prefix{netip.PrefixFrom(topo.Guest4, 24).Masked(), netip.PrefixFrom(topo.Guest6, 64).Masked()}
+	measure := func(cport uint16) float64 {
 		var out []byte
 		var err error
 		for try := 0; try < 3; try++ { // the server refuses a test while finishing the last one
@@ -105,6 +123,16 @@ func BenchmarkReleasedTCPThroughput(b *testing.B) {
 		}
 		return r.End.SumReceived.BitsPerSecond / 1e9
 	}
+	withNAT := func(f func(uint16) float64) func() float64 {
+		return func() float64 {
+			undo, err := nfrules.ApplyNAT(nfrules.NATConfig{SandboxID: testutil.UniqueName("bn"), Iface: topo.RouterIf, Subnets: guestNets, NetNS: tcxtest.Path(topo.Router)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer undo()
+			return f(natPort)
+		}
+	}
 
 	programOnly := func() float64 {
 		cfg := Config{SandboxID: testutil.UniqueName("bn"), Ifname: topo.RouterIf, NetNS: tcxtest.Path(topo.Router), PinDir: testPinDir}
@@ -118,77 +146,91 @@ func BenchmarkReleasedTCPThroughput(b *testing.B) {
 		}
 		// No rules here: the control connection passes marked for the
 		// queue; the data stream is released.
-		if err := d.ReleaseFlow(dataFlow); err != nil {
+		if err := d.ReleaseFlow(flowOf(cport)); err != nil {
 			b.Fatal(err)
 		}
-		gbps := measure()
+		gbps := measure(cport)
 		c, _ := d.Counters()
 		b.Logf("program only: %.2f Gbit/s, %d queue-marked, %d passed fast", gbps, c.Total(Queued).Packets, c[PassFast].Packets)
 		return gbps
 	}
 
-	withCarbd := func() float64 {
-		cfg := Config{SandboxID: testutil.UniqueName("bn"), Ifname: topo.RouterIf, NetNS: tcxtest.Path(topo.Router), PinDir: testPinDir}
-		d, err := Attach(cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer d.Close()
-		if err := d.RenewLease(time.Hour); err != nil {
-			b.Fatal(err)
-		}
-		rc := nfrules.Config{SandboxID: cfg.SandboxID, Iface: topo.RouterIf, QueueNum: tcxtest.QueueNum(), NetNS: cfg.NetNS}
-		if _, err := nfrules.Apply(rc); err != nil {
-			b.Fatal(err)
-		}
-		defer nfrules.Remove(rc)
-		if err := d.ReleaseFlow(dataFlow); err != nil {
-			b.Fatal(err)
-		}
-		// The queue listener releases the control connection as a whole.
-		tcxtest.StartQueue(b, topo.Router, rc.QueueNum, func(p tcxtest.QueuedPacket) (int, uint32) {
-			ip, ok := parseIP(p.Payload)
-			if !ok || ip.proto != ProtoTCP || len(ip.l4) < 4 {
-				return nfqueue.NfDrop, 0
+	withCarbd := func(name string, untracked []netip.Prefix) func(uint16) float64 {
+		return func(cport uint16) float64 {
+			cfg := Config{SandboxID: testutil.UniqueName("bn"), Ifname: topo.RouterIf, NetNS: tcxtest.Path(topo.Router), PinDir: testPinDir}
+			d, err := Attach(cfg)
+			if err != nil {
+				b.Fatal(err)
 			}
-			k := FlowKey{Src: ip.src, Dst: ip.dst, SrcPort: binary.BigEndian.Uint16(ip.l4), DstPort: binary.BigEndian.Uint16(ip.l4[2:]), Proto: ProtoTCP}
-			if err := d.ReleaseFlow(k); err != nil {
-				return nfqueue.NfDrop, 0
+			defer d.Close()
+			if err := d.RenewLease(time.Hour); err != nil {
+				b.Fatal(err)
 			}
-			return nfqueue.NfRepeat, p.Mark&^MarkMask | MarkPass
-		})
-		gbps := measure()
-		c, err := d.Counters()
-		if err != nil {
-			b.Fatal(err)
+			rc := nfrules.Config{SandboxID: cfg.SandboxID, Iface: topo.RouterIf, QueueNum: tcxtest.QueueNum(), NetNS: cfg.NetNS, Untracked: untracked}
+			if _, err := nfrules.Apply(rc); err != nil {
+				b.Fatal(err)
+			}
+			defer nfrules.Remove(rc)
+			if err := d.ReleaseFlow(flowOf(cport)); err != nil {
+				b.Fatal(err)
+			}
+			// The queue listener releases the control connection as a whole.
+			tcxtest.StartQueue(b, topo.Router, rc.QueueNum, func(p tcxtest.QueuedPacket) (int, uint32) {
+				ip, ok := parseIP(p.Payload)
+				if !ok || ip.proto != ProtoTCP || len(ip.l4) < 4 {
+					return nfqueue.NfDrop, 0
+				}
+				k := FlowKey{Src: ip.src, Dst: ip.dst, SrcPort: binary.BigEndian.Uint16(ip.l4), DstPort: binary.BigEndian.Uint16(ip.l4[2:]), Proto: ProtoTCP}
+				if err := d.ReleaseFlow(k); err != nil {
+					return nfqueue.NfDrop, 0
+				}
+				return nfqueue.NfRepeat, p.Mark&^MarkMask | MarkPass
+			})
+			gbps := measure(cport)
+			c, err := d.Counters()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if c[PassFast].Packets == 0 {
+				b.Fatalf("nothing took the fast path: %+v", c)
+			}
+			b.Logf("%s: %.2f Gbit/s, %d packets queued, %d passed fast", name, gbps, c.Total(Queued).Packets, c[PassFast].Packets)
+			return gbps
 		}
-		if c[PassFast].Packets == 0 {
-			b.Fatalf("nothing took the fast path: %+v", c)
-		}
-		b.Logf("with carbd: %.2f Gbit/s, %d packets queued, %d passed fast", gbps, c.Total(Queued).Packets, c[PassFast].Packets)
-		return gbps
 	}
 
-	measure() // warm up: the first run after setting up is slow
-	var base, prog, carbd []float64
-	runs := []func(){
-		func() { base = append(base, measure()) },
-		func() { prog = append(prog, programOnly()) },
-		func() { carbd = append(carbd, withCarbd()) },
+	routed := func(f func(uint16) float64) func() float64 { return func() float64 { return f(cport) } }
+	measure(cport) // warm up: the first run after setting up is slow
+	variants := []struct {
+		name string
+		run  func() float64
+	}{
+		{"baseline", routed(measure)},
+		{"program", programOnly},
+		{"carbd", routed(withCarbd("carbd, untracked", guestNets))},
+		{"tracked", routed(withCarbd("carbd, tracked", nil))},
+		{"nat", withNAT(measure)},
+		{"nat-carbd", withNAT(withCarbd("carbd, masqueraded", nil))},
 	}
+	got := map[string][]float64{}
 	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		for j := range runs { // rotate the order between rounds
-			runs[(i+j)%len(runs)]()
+	for i := 0; i < max(b.N, 2); i++ {
+		for j := range variants { // rotate the order between rounds
+			v := variants[(i+j)%len(variants)]
+			got[v.name] = append(got[v.name], v.run())
 		}
 	}
 	b.StopTimer()
-	mb, mp, mc := median(base), median(prog), median(carbd)
-	b.ReportMetric(mb, "baseline-Gbit/s")
-	b.ReportMetric(mp, "program-Gbit/s")
-	b.ReportMetric(mc, "carbd-Gbit/s")
-	b.ReportMetric(mp/mb, "program-ratio")
-	b.ReportMetric(mc/mb, "carbd-ratio")
+	b.Logf("Gbit/s per round: %v", got)
+	m := map[string]float64{}
+	for _, v := range variants {
+		m[v.name] = median(got[v.name])
+		b.ReportMetric(m[v.name], v.name+"-Gbit/s")
+	}
+	b.ReportMetric(m["program"]/m["baseline"], "program-ratio")
+	b.ReportMetric(m["carbd"]/m["baseline"], "carbd-ratio")
+	b.ReportMetric(m["tracked"]/m["baseline"], "tracked-ratio")
+	b.ReportMetric(m["nat-carbd"]/m["nat"], "nat-ratio")
 }
 
 func median(v []float64) float64 {
