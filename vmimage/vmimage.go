@@ -44,8 +44,20 @@ type File struct {
 }
 
 // CAPath is where the image's /init looks for the CA certificate it
-// trusts (it copies it into the system bundle that curl and OpenSSL use).
+// trusts (it adds it to the system bundle that curl and OpenSSL use).
 const CAPath = "/etc/ssl/certs/carbd-ca.pem"
+
+// BundlePath is where the image's /init looks for a whole CA bundle (the
+// host's roots and carbd's interception CA): when present it becomes the
+// system bundle, /etc/ssl/certs/ca-certificates.crt, in place of the
+// image's, and CAPath is not added to it.
+const BundlePath = "/etc/carbd/ca-bundle.pem"
+
+// GuestBundle is the system bundle in the guest, where /init installs
+// the CAs it trusts and at which it points SSL_CERT_FILE,
+// REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS and
+// GIT_SSL_CAINFO.
+const GuestBundle = "/etc/ssl/certs/ca-certificates.crt"
 
 // WriteOverlay writes files as an uncompressed newc cpio archive that the
 // kernel unpacks over the initramfs when it is appended to it. Parent

@@ -39,6 +39,14 @@
 //	                stdout is
 //	CARBD_WORKDIR   the working directory
 //
+// and, last, the variables of the host's env message (carbd run --env,
+// --env-file), which comes before the task: set in the agent's
+// environment only, never in an argv or a log (the log says how many).
+// In the image, /init has exported the trust variables (SSL_CERT_FILE,
+// REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS,
+// GIT_SSL_CAINFO) when it installed a CA bundle, so the agent inherits
+// them through the helper's environment.
+//
 // Notices do not go to stdin, since an agent that reads its task from
 // stdin reads until the end of it. The exit status is reported as the
 // shell does: the exit code, 128+N when signal N ended the agent, -1 when

@@ -55,6 +55,7 @@ func (s *session) run(ctx context.Context) (*outcome, error) {
 		return nil, err
 	}
 	var task *ctrl.Task
+	var agentEnv []string // the host's env message, if any
 	for task == nil {
 		m, err := s.conn.Recv()
 		if err != nil {
@@ -64,6 +65,11 @@ func (s *session) run(ctx context.Context) (*outcome, error) {
 			return nil, fmt.Errorf("wait for task: %w", err)
 		}
 		switch m := m.(type) {
+		case *ctrl.Env:
+			if agentEnv != nil {
+				return nil, fmt.Errorf("wait for task: %w: a second env", ctrl.ErrUnexpected)
+			}
+			agentEnv = m.Vars
 		case *ctrl.Task:
 			task = m
 		case *ctrl.Shutdown:
@@ -72,7 +78,8 @@ func (s *session) run(ctx context.Context) (*outcome, error) {
 			return nil, fmt.Errorf("wait for task: %w: %s", ctrl.ErrUnexpected, m.Type())
 		}
 	}
-	s.log.Info("task", "id", task.ID, "argv", task.Argv)
+	// The environment's values are credentials: their number only.
+	s.log.Info("task", "id", task.ID, "argv", task.Argv, "env", len(agentEnv))
 
 	if err := os.MkdirAll(s.rundir, 0o755); err != nil {
 		return nil, fmt.Errorf("run dir: %w", err)
@@ -124,7 +131,7 @@ func (s *session) run(ctx context.Context) (*outcome, error) {
 	}()
 
 	out := &outcome{task: task}
-	status, tail, err := s.runAgent(ctx, task, noticesPath, resultPath, stop)
+	status, tail, err := s.runAgent(ctx, task, agentEnv, noticesPath, resultPath, stop)
 	text := string(tail)
 	if err != nil {
 		s.log.Warn("agent", "err", err)
@@ -154,7 +161,10 @@ func (s *session) run(ctx context.Context) (*outcome, error) {
 
 // runAgent starts the agent, streams its output and returns its status
 // and the tail of its stdout. An error means it could not be started.
-func (s *session) runAgent(ctx context.Context, task *ctrl.Task, noticesPath, resultPath string, stop <-chan struct{}) (int, []byte, error) {
+// The agent's environment is the helper's, then carbd's CARBD_*
+// variables, then the host's env message (the user's last, as in the
+// namespace backend: a name given twice takes the later value).
+func (s *session) runAgent(ctx context.Context, task *ctrl.Task, agentEnv []string, noticesPath, resultPath string, stop <-chan struct{}) (int, []byte, error) {
 	cmd := exec.Command(task.Argv[0], task.Argv[1:]...)
 	cmd.Dir = s.workdir
 	cmd.Env = append(append([]string(nil), s.env...),
@@ -164,6 +174,7 @@ func (s *session) runAgent(ctx context.Context, task *ctrl.Task, noticesPath, re
 		"CARBD_RESULT="+resultPath,
 		"CARBD_WORKDIR="+s.workdir,
 	)
+	cmd.Env = append(cmd.Env, agentEnv...)
 	cmd.Stdin = strings.NewReader(task.Text)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	outR, outW, err := os.Pipe()

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -315,5 +316,65 @@ func TestFindVirtioPort(t *testing.T) {
 	}
 	if _, err := findVirtioPort("other"); !os.IsNotExist(err) {
 		t.Errorf("missing port: %v", err)
+	}
+}
+
+// TestSessionEnv: the host's env message reaches the agent's environment
+// (after carbd's variables and the helper's: the user's last), and the
+// helper's log never shows a value.
+func TestSessionEnv(t *testing.T) {
+	const key = "sk-test-9f8e7d6c5b4a39281706"
+	hostEnd, guestEnd := net.Pipe()
+	t.Cleanup(func() { hostEnd.Close(); guestEnd.Close() })
+	var logs bytes.Buffer
+	s := &session{conn: ctrl.NewConn(guestEnd), log: slog.New(slog.NewTextHandler(&logs, nil)), workdir: t.TempDir(),
+		rundir: filepath.Join(t.TempDir(), "run"), env: []string{"PATH=" + os.Getenv("PATH"), "HOME=/guest"},
+		killGrace: 2 * time.Second, shutdownWait: time.Minute}
+	done := make(chan *outcome, 1)
+	go func() {
+		out, err := s.run(context.Background())
+		if err != nil {
+			t.Errorf("session: %v", err)
+		}
+		done <- out
+	}()
+	h := &host{t: t, conn: ctrl.NewConn(hostEnd)}
+	if _, err := h.conn.RecvHello(); err != nil {
+		t.Fatal(err)
+	}
+	h.send(&ctrl.Env{Vars: []string{"API_KEY=" + key, "HOME=/override", "EMPTY="}})
+	h.send(&ctrl.Task{ID: "t1", Text: "x", Argv: []string{"sh", "-c", `echo "key=$API_KEY home=$HOME empty=${EMPTY-unset} id=$CARBD_TASK_ID"; tr '\0' '\n' </proc/$$/cmdline`}})
+	h.recvUntil(ctrl.TypeResult)
+	h.send(&ctrl.Shutdown{})
+	<-done
+	out := h.stdout.String()
+	if !strings.Contains(out, "key="+key+" home=/override empty= id=t1\n") {
+		t.Errorf("the agent's environment: %q", out)
+	}
+	if strings.Count(out, key) != 1 {
+		t.Errorf("the value is in the agent's argv: %q", out)
+	}
+	if strings.Contains(logs.String(), key) || !strings.Contains(logs.String(), "env=3") {
+		t.Errorf("the helper's log: %q (want the count, not the value)", logs.String())
+	}
+}
+
+// TestSessionEnvTwiceRefused: one env message per session, before the
+// task.
+func TestSessionEnvTwiceRefused(t *testing.T) {
+	hostEnd, guestEnd := net.Pipe()
+	t.Cleanup(func() { hostEnd.Close(); guestEnd.Close() })
+	s := &session{conn: ctrl.NewConn(guestEnd), log: slog.New(slog.NewTextHandler(io.Discard, nil)), workdir: t.TempDir(),
+		rundir: filepath.Join(t.TempDir(), "run"), killGrace: time.Second, shutdownWait: time.Second}
+	errc := make(chan error, 1)
+	go func() { _, err := s.run(context.Background()); errc <- err }()
+	h := &host{t: t, conn: ctrl.NewConn(hostEnd)}
+	if _, err := h.conn.RecvHello(); err != nil {
+		t.Fatal(err)
+	}
+	h.send(&ctrl.Env{Vars: []string{"A=1"}})
+	h.send(&ctrl.Env{Vars: []string{"A=2"}})
+	if err := <-errc; !errors.Is(err, ctrl.ErrUnexpected) {
+		t.Errorf("session: %v, want ErrUnexpected", err)
 	}
 }
