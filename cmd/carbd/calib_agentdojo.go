@@ -9,7 +9,7 @@ import (
 	"github.com/carbd/carbd/pkg/calib/eval"
 )
 
-const calibAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,...] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--ablate r1,r2] [--delta 0.05] [--score ngram] [--fields-out FILE.jsonl] [--quiet] -o calib.json"
+const calibAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,...] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--rule transfer|crc] [--ablate r1,r2] [--delta 0.05] [--score ngram] [--fields-out FILE.jsonl] [--quiet] -o calib.json"
 
 func init() {
 	registerCalibForm(&calibForm{name: "agentdojo", synopsis: calibAgentDojoSynopsis,
@@ -50,7 +50,7 @@ func runCalibAgentDojo(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	a, err := eval.CalibrateArtifact(ctx, ps, eval.CalibrateConfig{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, Delta: f.delta, Score: kind, Runs: f.runs,
-		LedgerSplit: f.ledgerSplit, Seed: 1})
+		LedgerSplit: f.ledgerSplit, Seed: 1, Rule: calib.Rule(f.rule)})
 	if err != nil {
 		return err
 	}

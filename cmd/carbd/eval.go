@@ -23,7 +23,7 @@ func init() {
 		forms: []form{{"agentdojo", "calibrate and test on splits of recorded AgentDojo runs: attack success, utility, effects released, per-role budgets, against baselines"}}, run: runEval})
 }
 
-const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--lopo] [--lopo-splits 20] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE] [--quiet]"
+const evalAgentDojoSynopsis = "--runs DIR [--policies DIR] [--pipelines p1,p2] [--attacks important_instructions] [--alpha target=0.01,credential=0.01,command=0.01] [--ledger-alpha 0.05] [--ledger-split disjoint|shared] [--rule transfer|crc] [--delta 0.05] [--score ngram] [--ablate r1,r2] [--splits 200] [--lopo] [--lopo-splits 20] [--seed N] [--errored agentdojo|failed] [--json] [--json-out FILE] [--plot FILE.png] [-o FILE] [--quiet]"
 
 func runEval(ctx context.Context, e *env, args []string) error {
 	if args[0] != "agentdojo" {
@@ -36,7 +36,7 @@ func runEval(ctx context.Context, e *env, args []string) error {
 // agentdojo` share.
 type agentdojoFlags struct {
 	runs, policies, pipelines, attacks, alpha, kind string
-	ledgerSplit, ablate                             string
+	ledgerSplit, ablate, rule                       string
 	ledgerAlpha, delta                              float64
 	workers                                         int
 	quiet                                           bool
@@ -56,6 +56,7 @@ func (f *agentdojoFlags) register(fs interface {
 	fs.StringVar(&f.alpha, "alpha", "target=0.01,credential=0.01,command=0.01", "per-role CRC budgets role=alpha,...")
 	fs.Float64Var(&f.ledgerAlpha, "ledger-alpha", 0.05, "budget on the expected G-CARB ledger loss")
 	fs.StringVar(&f.ledgerSplit, "ledger-split", eval.LedgerDisjoint, "which calibration episodes calibrate the ledger: disjoint (from those that fit the per-role thresholds: half each) or shared (the same ones; not exchangeable, for comparison)")
+	fs.StringVar(&f.rule, "rule", string(calib.RuleTransfer), "per-role threshold rule: transfer (each role's attacker-release rate certified on the calibration episodes of every pipeline together; a role without that evidence stays strict) or crc (Eq. 5 with pooling, per pipeline: the earlier protocol)")
 	fs.Float64Var(&f.delta, "delta", 0.05, "total failure probability of the per-role Clopper-Pearson certificate")
 	fs.StringVar(&f.kind, "score", string(score.KindNgram), "per-field similarity kind: token, ngram or max")
 	fs.StringVar(&f.ablate, "ablate", "", "refinements of the engine to switch off, for the ablation study: comma-separated of "+strings.Join(decide.AblationNames, ", "))
@@ -98,6 +99,9 @@ func (f *agentdojoFlags) load(ctx context.Context, e *env, seed uint64) ([]*eval
 	}
 	if f.ledgerSplit != eval.LedgerDisjoint && f.ledgerSplit != eval.LedgerShared {
 		return nil, nil, "", fmt.Errorf("%w: --ledger-split %q (want %s or %s)", errUsage, f.ledgerSplit, eval.LedgerDisjoint, eval.LedgerShared)
+	}
+	if r, err := calib.ParseRule(f.rule); err != nil || (r != calib.RuleTransfer && r != calib.RuleCRC) {
+		return nil, nil, "", fmt.Errorf("%w: --rule %q (want %s or %s)", errUsage, f.rule, calib.RuleTransfer, calib.RuleCRC)
 	}
 	ablate, err := decide.ParseAblation(f.ablate)
 	if err != nil {
@@ -193,7 +197,7 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("%w: --lopo needs 2 or more pipelines, got %d", errUsage, len(ps))
 	}
 	cfg := eval.Config{Budgets: budgets, LedgerAlpha: f.ledgerAlpha, LedgerSplit: f.ledgerSplit, Delta: f.delta, Score: kind, Splits: *splits,
-		Seed: *seed, Workers: f.workers, FrontierSplits: *frontierSplits, LOPO: *lopo, LOPOSplits: *lopoSplits}
+		Seed: *seed, Workers: f.workers, FrontierSplits: *frontierSplits, LOPO: *lopo, LOPOSplits: *lopoSplits, Rule: calib.Rule(f.rule)}
 	if *plotPath != "" || *frontier {
 		cfg.Frontier = eval.DefaultFrontier
 	}

@@ -252,6 +252,8 @@ func TestEvalAgentDojoBadInput(t *testing.T) {
 		{[]string{"eval", "agentdojo", "--runs", dir, "--errored", "ignored"}, 2, `unknown error counting "ignored"`},
 		{[]string{"eval", "agentdojo", "--runs", dir, "--workers", "-1"}, 2, "--workers -1"},
 		{[]string{"eval", "agentdojo", "--runs", dir, "--ledger-split", "both"}, 2, `--ledger-split "both"`},
+		{[]string{"eval", "agentdojo", "--runs", dir, "--rule", "cp"}, 2, `--rule "cp" (want transfer or crc)`},
+		{[]string{"calib", "agentdojo", "--runs", dir, "--rule", "eq5", "-o", filepath.Join(t.TempDir(), "x.json")}, 2, `--rule "eq5"`},
 		{[]string{"eval", "agentdojo", "--runs", dir, "--ablate", "formz"}, 2, `--ablate: decide: unknown refinement "formz"`},
 		{[]string{"eval", "agentdojo", "--runs", dir, "--frontier-splits", "0"}, 2, "--frontier-splits 0"},
 	} {

@@ -29,6 +29,9 @@ type CalibrateConfig struct {
 	// and the ledger) or LedgerShared (both on every episode).
 	LedgerSplit string
 	Seed        uint64
+	// Rule is the per-role threshold rule (Config.Rule; default
+	// calib.RuleTransfer).
+	Rule calib.Rule
 }
 
 // CalibrateArtifact calibrates one artifact on the episodes of the
@@ -54,7 +57,10 @@ func CalibrateArtifact(ctx context.Context, pipelines []*Pipeline, cfg Calibrate
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0))
 	rng.Shuffle(len(eps), func(i, j int) { eps[i], eps[j] = eps[j], eps[i] })
 	calCRC, calLedger := splitCalibration(eps, cfg.LedgerSplit)
-	art, err := calibrateCRC(calCRC, cfg.Budgets, cfg.Delta, cfg.Score)
+	if cfg.Rule == "" {
+		cfg.Rule = calib.RuleTransfer
+	}
+	art, err := calibrateCRC(calCRC, cfg.Budgets, cfg.Delta, cfg.Score, cfg.Rule)
 	if err != nil {
 		return nil, err
 	}

@@ -43,7 +43,13 @@ type Diagnosis struct {
 func diagnose(ctx context.Context, p *Pipeline, cfg *Config) (*Diagnosis, error) {
 	cal, _ := splitSets(p.Episodes, cfg.Seed, 0, cfg.CalFraction)
 	calCRC, calLedger := splitCalibration(cal, cfg.LedgerSplit)
-	art, err := calibrateCRC(calCRC, cfg.Budgets, cfg.Delta, cfg.Score)
+	var art *calib.Artifact
+	var err error
+	if cfg.pool != nil {
+		art, err = cfg.pool.get(cfg, cfg.Budgets, 0)
+	} else {
+		art, err = calibrateCRC(calCRC, cfg.Budgets, cfg.Delta, cfg.Score, cfg.Rule)
+	}
 	if err != nil {
 		return nil, err
 	}

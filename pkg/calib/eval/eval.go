@@ -45,12 +45,23 @@ type Config struct {
 	// (default min(Splits, 50)).
 	Frontier       []float64
 	FrontierSplits int
+	// Rule is the per-role threshold rule of carbd-crc and carbd:
+	// calib.RuleTransfer (the default: each role's attacker-release rate
+	// certified on episode units, pooled over the calibration episodes
+	// of every pipeline evaluated together; a role without that evidence
+	// stays strict) or calib.RuleCRC (Eq. 5 with Algorithm 1's pooling,
+	// on the pipeline's own calibration episodes: the earlier protocol).
+	Rule calib.Rule
 	// LOPO adds the leave-one-pipeline-out evaluation (lopo.go) with
 	// LOPOSplits splits per pipeline (default DefaultLOPOSplits).
 	LOPO       bool
 	LOPOSplits int
 	// Progress, when set, is called as splits complete.
 	Progress func(pipeline, stage string, done, total int)
+
+	// pool holds the cross-pipeline calibrations of the within-pipeline
+	// splits under RuleTransfer (set by Evaluate).
+	pool *crcPool
 }
 
 // Ledger calibration protocols (Config.LedgerSplit).
@@ -132,6 +143,9 @@ func (c *Config) setDefaults() error {
 	if c.LOPOSplits <= 0 {
 		c.LOPOSplits = DefaultLOPOSplits
 	}
+	if c.Rule == "" {
+		c.Rule = calib.RuleTransfer
+	}
 	switch {
 	case len(c.Budgets) == 0:
 		return errors.New("eval: no CRC budgets")
@@ -143,6 +157,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("eval: %d splits", c.Splits)
 	case !(c.CalFraction > 0 && c.CalFraction < 1):
 		return fmt.Errorf("eval: calibration fraction %v outside (0,1)", c.CalFraction)
+	case c.Rule != calib.RuleTransfer && c.Rule != calib.RuleCRC:
+		return fmt.Errorf("eval: threshold rule %q (want %s or %s)", c.Rule, calib.RuleTransfer, calib.RuleCRC)
 	case c.LedgerSplit != LedgerDisjoint && c.LedgerSplit != LedgerShared:
 		return fmt.Errorf("eval: ledger split %q (want %s or %s)", c.LedgerSplit, LedgerDisjoint, LedgerShared)
 	}
@@ -176,6 +192,7 @@ const (
 	mLedgerWindow
 	mLedgerRandom
 	mLedgerExecStep
+	mLedgerAlone
 	numMethods
 )
 
@@ -183,23 +200,28 @@ const (
 var MethodNames = [numMethods]string{
 	"no-defense", "kairos-strict", "aggregate-crc", "carbd-crc", "carbd",
 	"ledger:g-carb", "ledger:full-prefix", "ledger:fixed-window-4", "ledger:equal-size-random", "ledger:executed-step",
+	"ledger-alone",
 }
 
 // methodSelector is the ledger selector whose evidence a method's CtxRed
 // is measured on, or -1.
-var methodSelector = [numMethods]int{-1, -1, -1, -1, selGCARB, selGCARB, selFullPrefix, selWindow4, selRandom, selCurrent}
+var methodSelector = [numMethods]int{-1, -1, -1, -1, selGCARB, selGCARB, selFullPrefix, selWindow4, selRandom, selCurrent, selGCARB}
 
 // ledgerMethods are the methods with a calibrated stop threshold, and
-// the selector and objective each calibrates with.
+// the selector and objective each calibrates with; alone: the gate is
+// the only layer (its harm is what no defense releases), the others
+// stop on the carbd-crc replay.
 var ledgerMethods = []struct {
 	method, sel int
 	objective   string
+	alone       bool
 }{
-	{mLedgerGCARB, selGCARB, calib.ObjectiveLedger},
-	{mLedgerFull, selFullPrefix, calib.ObjectiveLedger},
-	{mLedgerWindow, selWindow4, calib.ObjectiveLedger},
-	{mLedgerRandom, selRandom, calib.ObjectiveLedger},
-	{mLedgerExecStep, selCurrent, calib.ObjectiveExecutedStep},
+	{mLedgerGCARB, selGCARB, calib.ObjectiveLedger, false},
+	{mLedgerFull, selFullPrefix, calib.ObjectiveLedger, false},
+	{mLedgerWindow, selWindow4, calib.ObjectiveLedger, false},
+	{mLedgerRandom, selRandom, calib.ObjectiveLedger, false},
+	{mLedgerExecStep, selCurrent, calib.ObjectiveExecutedStep, false},
+	{mLedgerAlone, selGCARB, calib.ObjectiveLedger, true},
 }
 
 // Metrics per method and suite, in report order.
@@ -222,6 +244,7 @@ const (
 	xLedgerLoss
 	xExecRate
 	xCtxRed
+	xAboveStrict
 	numMetrics
 )
 
@@ -231,6 +254,7 @@ var MetricNames = [numMetrics]string{
 	"attacked", "succeeded", "stopped", "asr", "asr_undefended", "stop_rate", "effect_release",
 	"benign", "benign_utility", "benign_retention", "attacked_utility", "attacked_retention",
 	"episodes", "intervention", "autonomous_success", "ledger_loss", "executed_step_rate", "ctx_red",
+	"above_strict",
 }
 
 // Per-role metrics.
@@ -403,6 +427,7 @@ func (t *tally) figures() (x [numMetrics]float64, r [numRoles][numRoleMetrics]fl
 	if t.ctxN > 0 {
 		x[xCtxRed] = t.ctxSum / float64(t.ctxN)
 	}
+	x[xAboveStrict] = math.NaN() // set by evalSets against kairos-strict's tally
 	for role := range numRoles {
 		r[role][rFields] = float64(t.roleN[role])
 		r[role][rAttackedFields] = float64(t.roleAtt[role])
@@ -446,10 +471,59 @@ func fieldRecords(eps []*Episode) []calib.FieldRecord {
 	return out
 }
 
-// calibrateCRC runs per-role CRC on the calibration episodes' fields.
-func calibrateCRC(eps []*Episode, budgets calib.Budgets, delta float64, kind score.Kind) (*calib.Artifact, error) {
-	return calib.Calibrate(fieldRecords(eps), calib.Config{Budgets: budgets, Delta: delta, Score: kind,
-		Options: calib.Options{PoolWith: calib.DefaultPoolWith, AllowMissing: true}})
+// calibrateCRC calibrates the per-role thresholds on the calibration
+// episodes' fields under rule: RuleTransfer on episode units (one unit
+// per episode and role, calib.Options.Episode), no pooling; RuleCRC by
+// Eq. 5 with Algorithm 1's pooling.
+func calibrateCRC(eps []*Episode, budgets calib.Budgets, delta float64, kind score.Kind, rule calib.Rule) (*calib.Artifact, error) {
+	opts := calib.Options{PoolWith: calib.DefaultPoolWith, AllowMissing: true}
+	if rule == calib.RuleTransfer {
+		opts = calib.Options{Rule: calib.RuleTransfer, Episode: true, AllowMissing: true}
+	}
+	return calib.Calibrate(fieldRecords(eps), calib.Config{Budgets: budgets, Delta: delta, Score: kind, Options: opts})
+}
+
+// crcPool calibrates the within-pipeline splits under RuleTransfer:
+// split i's per-role thresholds come from the per-role CRC part of split
+// i's calibration half of every pipeline evaluated together (a test
+// half is never in it), so a role's evidence is pooled across pipelines
+// and suites, as a deployment would calibrate on every model's traces.
+type crcPool struct {
+	pipelines []*Pipeline
+	mu        sync.Mutex
+	m         map[string]*poolEntry
+}
+
+type poolEntry struct {
+	once sync.Once
+	art  *calib.Artifact
+	err  error
+}
+
+func newCRCPool(pipelines []*Pipeline) *crcPool {
+	return &crcPool{pipelines: pipelines, m: map[string]*poolEntry{}}
+}
+
+// get returns split i's pooled calibration at the budgets.
+func (cp *crcPool) get(cfg *Config, budgets calib.Budgets, i int) (*calib.Artifact, error) {
+	key := fmt.Sprintf("%d|%s", i, budgets)
+	cp.mu.Lock()
+	e := cp.m[key]
+	if e == nil {
+		e = &poolEntry{}
+		cp.m[key] = e
+	}
+	cp.mu.Unlock()
+	e.once.Do(func() {
+		var eps []*Episode
+		for _, q := range cp.pipelines {
+			cal, _ := splitSets(q.Episodes, cfg.Seed, i, cfg.CalFraction)
+			calCRC, _ := splitCalibration(cal, cfg.LedgerSplit)
+			eps = append(eps, calCRC...)
+		}
+		e.art, e.err = calibrateCRC(eps, budgets, cfg.Delta, cfg.Score, cfg.Rule)
+	})
+	return e.art, e.err
 }
 
 // calibrateAggregate is the aggregate single-threshold baseline: every
@@ -513,18 +587,29 @@ func splitSets(eps []*Episode, seed uint64, i int, frac float64) (cal, test []*E
 // method on the test half.
 func evalSplit(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budgets, ledgerAlpha float64, i int, ctr *replayCounters) (*splitResult, error) {
 	cal, test := splitSets(p.Episodes, cfg.Seed, i, cfg.CalFraction)
-	return evalSets(ctx, p, cfg, budgets, ledgerAlpha, cal, test, i, ctr)
+	var pooled *calib.Artifact
+	if cfg.pool != nil {
+		var err error
+		if pooled, err = cfg.pool.get(cfg, budgets, i); err != nil {
+			return nil, fmt.Errorf("eval: %s: split %d: pooled calibration: %w", p.Name, i, err)
+		}
+	}
+	return evalSets(ctx, p, cfg, budgets, ledgerAlpha, cal, test, i, ctr, pooled)
 }
 
 // evalSets calibrates on the calibration episodes cal (in a random
 // order) and evaluates every method on the test episodes; i numbers the
-// split in errors.
-func evalSets(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budgets, ledgerAlpha float64, cal, test []*Episode, i int, ctr *replayCounters) (*splitResult, error) {
+// split in errors. A non-nil pooled is carbd's per-role calibration of
+// the split (crcPool), used instead of one on cal's CRC part.
+func evalSets(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budgets, ledgerAlpha float64, cal, test []*Episode, i int, ctr *replayCounters, pooled *calib.Artifact) (*splitResult, error) {
 	calCRC, calLedger := splitCalibration(cal, cfg.LedgerSplit)
 	res := &splitResult{tau: map[string]float64{}, certOK: map[string]bool{}, nCalEps: len(cal), nCRC: len(calCRC), nLedger: len(calLedger)}
-	art, err := calibrateCRC(calCRC, budgets, cfg.Delta, cfg.Score)
-	if err != nil {
-		return nil, fmt.Errorf("eval: %s: split %d: %w", p.Name, i, err)
+	art := pooled
+	if art == nil {
+		var err error
+		if art, err = calibrateCRC(calCRC, budgets, cfg.Delta, cfg.Score, cfg.Rule); err != nil {
+			return nil, fmt.Errorf("eval: %s: split %d: %w", p.Name, i, err)
+		}
 	}
 	for _, st := range art.Strata {
 		res.tau[st.Name] = st.Threshold
@@ -554,7 +639,11 @@ func evalSets(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budge
 	les := make([]calib.LedgerEpisode, len(calLedger))
 	for _, lm := range ledgerMethods {
 		for j, ep := range calLedger {
-			les[j] = ep.ledgerEpisode(lm.sel, crcCal[j])
+			o := crcCal[j]
+			if lm.alone {
+				o = ep.none()
+			}
+			les[j] = ep.ledgerEpisode(lm.sel, o)
 		}
 		lc, err := calib.CalibrateLedger(les, calib.LedgerConfig{Alpha: ledgerAlpha, Objective: lm.objective, Evidence: selectorNames[lm.sel]})
 		if err != nil {
@@ -603,7 +692,11 @@ func evalSets(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budge
 			if k < len(ep.Steps) {
 				stopAt = k
 			}
-			add(lm.method, view{crc, k}, stopAt)
+			o := crc
+			if lm.alone {
+				o = ep.none()
+			}
+			add(lm.method, view{o, k}, stopAt)
 		}
 	}
 	for m := range tallies {
@@ -611,6 +704,12 @@ func evalSets(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budge
 		res.role[m] = make([][numRoles][numRoleMetrics]float64, len(suites))
 		for s := range suites {
 			res.x[m][s], res.role[m][s] = tallies[m][s].figures()
+			if tallies[m][s].attacked > 0 {
+				res.x[m][s][xAboveStrict] = 0
+				if tallies[m][s].effectRel > tallies[mStrict][s].effectRel {
+					res.x[m][s][xAboveStrict] = 1
+				}
+			}
 		}
 	}
 	return res, nil

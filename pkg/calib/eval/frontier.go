@@ -35,7 +35,7 @@ type FrontierPoint struct {
 // sweepMethods are the methods a sweep moves.
 var sweepMethods = map[string][]int{
 	SweepCRC:    {mNoDefense, mStrict, mAggregate, mCarbdCRC, mCarbd},
-	SweepLedger: {mCarbd, mLedgerGCARB, mLedgerFull, mLedgerWindow, mLedgerRandom, mLedgerExecStep},
+	SweepLedger: {mCarbd, mLedgerGCARB, mLedgerFull, mLedgerWindow, mLedgerRandom, mLedgerExecStep, mLedgerAlone},
 }
 
 func frontier(ctx context.Context, p *Pipeline, cfg *Config, ctr *replayCounters) ([]FrontierPoint, error) {

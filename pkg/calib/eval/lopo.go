@@ -119,7 +119,7 @@ func evaluateLeftOut(ctx context.Context, pipelines []*Pipeline, k int, cfg *Con
 			for i := range next {
 				cal, test := lopoSets(pipelines, k, cfg.Seed, i)
 				var err error
-				if res[i], err = evalSets(ctx, p, cfg, cfg.Budgets, cfg.LedgerAlpha, cal, test, i, ctr); err != nil {
+				if res[i], err = evalSets(ctx, p, cfg, cfg.Budgets, cfg.LedgerAlpha, cal, test, i, ctr, nil); err != nil {
 					cancel(fmt.Errorf("lopo: %w", err))
 				}
 				mu.Lock()
@@ -196,18 +196,20 @@ func (r *Report) writeLOPOText(w io.Writer) error {
 	// The goal of issue 11 on both protocols, for carbd.
 	fmt.Fprintln(w, "\n   carbd against the goal (effects released <= 1%, p95 <= 2%, never above kairos-strict; benign retention >= 85%; compliance >= 95%)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "pipeline\twithin: released\tp95\tretention\tlopo: released\tp95\tretention\tstrict released lopo")
+	fmt.Fprintln(tw, "pipeline\twithin: released\tp95\tabove strict (% of splits)\tretention\tlopo: released\tp95\tabove strict\tretention\tstrict released lopo")
 	for i := range r.LOPO {
 		l := &r.LOPO[i]
-		wr, wret := Stat{Mean: Num(math.NaN()), P95: Num(math.NaN())}, Stat{Mean: Num(math.NaN())}
+		nan := Stat{Mean: Num(math.NaN()), P95: Num(math.NaN())}
+		wr, wret, wab := nan, nan, nan
 		for j := range r.Pipelines {
 			if r.Pipelines[j].Pipeline == l.Pipeline {
 				wr, wret = r.Pipelines[j].Get("carbd", "all", "effect_release"), r.Pipelines[j].Get("carbd", "all", "benign_retention")
+				wab = r.Pipelines[j].Get("carbd", "all", "above_strict")
 			}
 		}
 		lr, lret := l.Get("carbd", "all", "effect_release"), l.Get("carbd", "all", "benign_retention")
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Pipeline, pctShort(wr), pctP95(wr), pctShort(wret),
-			pctShort(lr), pctP95(lr), pctShort(lret), pctShort(l.Get("kairos-strict", "all", "effect_release")))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Pipeline, pctShort(wr), pctP95(wr), pctShort(wab), pctShort(wret),
+			pctShort(lr), pctP95(lr), pctShort(l.Get("carbd", "all", "above_strict")), pctShort(lret), pctShort(l.Get("kairos-strict", "all", "effect_release")))
 	}
 	return tw.Flush()
 }

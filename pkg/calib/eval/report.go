@@ -113,8 +113,11 @@ type ReportConfig struct {
 	Seed        uint64             `json:"seed"`
 	CalFraction float64            `json:"cal_fraction"`
 	LedgerSplit string             `json:"ledger_split"`
-	SplitUnit   string             `json:"split_unit"`
-	Oracle      string             `json:"oracle"`
+	// Rule is the per-role threshold rule of carbd-crc and carbd
+	// (Config.Rule): "transfer" or "crc".
+	Rule      string `json:"rule"`
+	SplitUnit string `json:"split_unit"`
+	Oracle    string `json:"oracle"`
 	// ErroredRuns is how attacked runs that ended in an error count
 	// (agentdojo.ErrorCounting: "agentdojo", security as recorded, or
 	// "failed").
@@ -262,10 +265,13 @@ func Evaluate(ctx context.Context, pipelines []*Pipeline, cfg Config) (*Report, 
 	start := time.Now()
 	rep := &Report{Version: ReportVersion, Config: ReportConfig{
 		Alpha: map[string]float64{}, LedgerAlpha: cfg.LedgerAlpha, Delta: cfg.Delta, Score: string(cfg.Score),
-		Splits: cfg.Splits, Seed: cfg.Seed, CalFraction: cfg.CalFraction, LedgerSplit: cfg.LedgerSplit, SplitUnit: SplitUnit,
+		Splits: cfg.Splits, Seed: cfg.Seed, CalFraction: cfg.CalFraction, LedgerSplit: cfg.LedgerSplit, Rule: string(cfg.Rule), SplitUnit: SplitUnit,
 		Oracle: "strict (refuses every deferred effect; no language model)"}}
 	for r, a := range cfg.Budgets {
 		rep.Config.Alpha[r.String()] = a
+	}
+	if cfg.Rule == calib.RuleTransfer {
+		cfg.pool = newCRCPool(pipelines)
 	}
 	for _, p := range pipelines {
 		pr, err := evaluatePipeline(ctx, p, &cfg)
@@ -498,7 +504,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		al = append(al, fmt.Sprintf("%s=%g", k, v))
 	}
 	sort.Strings(al)
-	fmt.Fprintf(w, "carbd eval agentdojo: %d splits (seed %d), calibration fraction %g, ledger split %s, split unit: %s\n", c.Splits, c.Seed, c.CalFraction, c.LedgerSplit, c.SplitUnit)
+	fmt.Fprintf(w, "carbd eval agentdojo: %d splits (seed %d), calibration fraction %g, ledger split %s, threshold rule %s, split unit: %s\n", c.Splits, c.Seed, c.CalFraction, c.LedgerSplit, c.Rule, c.SplitUnit)
 	fmt.Fprintf(w, "budgets %s, ledger alpha %g, delta %g, score %s, oracle %s, attacks %s\n", strings.Join(al, ","), c.LedgerAlpha, c.Delta, c.Score, c.Oracle, listOr(c.Attacks, "all"))
 	if c.Ablate != "" {
 		fmt.Fprintf(w, "ablation: the engine's refinements %s are switched off\n", c.Ablate)
