@@ -74,13 +74,13 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&vm.CPUs, "vm-cpus", 0, "VM backends: guest vCPUs (default 1)")
 	fs.IntVar(&vm.MemoryMiB, "vm-memory", 0, "VM backends: guest memory in `MiB` (default 512)")
 	fs.StringVar(&vm.Accel, "vm-accel", "", "qemu: accelerator kvm or tcg (default: probe)")
-	vmCA := fs.String("vm-ca", "", "VM backends: PEM `file` of the interception CA the guest trusts")
+	vmCA := fs.String("vm-ca", "", "VM backends: PEM `file` of a CA the guest trusts besides carbd's interception CA")
 	fs.DurationVar(&vm.BootTimeout, "vm-boot-timeout", 0, "VM backends: launch to the guest's hello (default 5m)")
 	pcapPath := fs.String("pcap", "", "stream the run's pcapng audit (every frame with its verdict, the interception's keys) to `file`, mode 0600, as the run goes (default: the working directory's state, "+daemon.DefaultWorkStateRoot+"/<id>/runs/<run>/audit.pcapng; carbd audit --list)")
 	pcapMax := fs.Int64("pcap-max", 0, "cap the pcapng audit at `bytes` (0: 128 MiB; negative: no cap); frames beyond it are counted, not written")
 	holdTimeout := fs.Duration("hold-timeout", 10*time.Second, "longest a packet waits for a decision before it is refused")
 	var icpt daemon.InterceptConfig
-	intercepting := fs.Bool("intercept", true, "intercept the guest's HTTPS (TCP 443) and decide it request by request (netns backend); false: TLS is opaque, decided by server name as carrying everything read so far")
+	intercepting := fs.Bool("intercept", true, "intercept the guest's HTTPS (TCP 443) and decide it request by request; false: TLS is opaque, decided by server name as carrying everything read so far")
 	fs.StringVar(&icpt.CACert, "ca-cert", "", "interception CA certificate `file` (PEM; with --ca-key; default: the host's CA, created once under "+daemon.DefaultCADir+")")
 	fs.StringVar(&icpt.CAKey, "ca-key", "", "interception CA key `file` (PEM)")
 	fs.StringVar(&icpt.KeyLog, "keylog", "", "append the TLS secrets of both legs of every intercepted connection to `file` (NSS key log, SSLKEYLOGFILE; mode 0600); the pcapng audit carries the guest leg's itself")
@@ -128,11 +128,6 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	agentEnv, p, err := bindEnv(p, envFiles, envs.vars, e)
 	if err != nil {
 		return err
-	}
-	if len(agentEnv) > 0 && *backend != "netns" {
-		// The control channel's task message has no environment yet:
-		// refuse rather than start an agent without its keys.
-		return fmt.Errorf("%w: --env and --env-file are supported by the netns backend only (not %s)", errUsage, *backend)
 	}
 	if *vmCA != "" {
 		if vm.CA, err = os.ReadFile(*vmCA); err != nil {

@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -40,8 +43,10 @@ type VMConfig struct {
 	// Accel is QEMU's accelerator, "kvm" or "tcg"; empty probes (KVM
 	// only where a stock guest really runs under it).
 	Accel string
-	// CA is a PEM certificate the guest trusts (the interception CA): it
-	// goes into the image's CA slot through a per-boot initramfs overlay.
+	// CA is a PEM certificate the guest trusts besides carbd's
+	// interception CA (which it trusts whenever interception is on): it
+	// goes into the image's CA slot, and into the bundle, through a
+	// per-boot initramfs overlay.
 	CA []byte
 	// BootTimeout bounds launch to the guest's hello (default 5 min: TCG
 	// boots slowly on a loaded host).
@@ -216,6 +221,9 @@ func startVM(ctx, lctx context.Context, nc *netChannel, tcfg tcx.Config, l launc
 		}
 		errs = append(errs, ierr)
 	}
+	if err := checkPEMCerts(cfg.CA); err != nil {
+		errs = append(errs, fmt.Errorf("the CA the guest is to trust (--vm-ca): %w", err))
+	}
 	if strings.ContainsAny(d.cfg.Workdir, " \t\n,=") {
 		errs = append(errs, fmt.Errorf("the working directory %q is the guest's mount point and goes on the kernel command line: its path may not contain white space, ',' or '='", d.cfg.Workdir))
 	}
@@ -240,6 +248,18 @@ func startVM(ctx, lctx context.Context, nc *netChannel, tcfg tcx.Config, l launc
 	// Abort notices reach the agent over the control channel; set before
 	// the verdict loop starts, which may notify.
 	d.noticeHook = sb.notice
+
+	// The interception of the guest's HTTPS (as for the namespace
+	// backend): its CA, the guest's bundle and the proxy; the hooks below
+	// bind its listener to the tap and redirect the guest's TCP 443 to it.
+	if !d.cfg.Intercept.Off {
+		ic, err := nc.startIntercept()
+		if err != nil {
+			return fmt.Errorf("%s backend: %w", backend, err)
+		}
+		nc.icpt = ic
+		nc.closers = append(nc.closers, ic.close)
+	}
 
 	// The tap, down until the TC program, the queue rules, the verdict
 	// loop, the resolver on the host address, the capture and
@@ -267,11 +287,15 @@ func startVM(ctx, lctx context.Context, nc *netChannel, tcfg tcx.Config, l launc
 	}
 	nc.closers = append(nc.closers, vfs.Stop)
 
-	// The initramfs, with the interception CA in its slot.
+	// The initramfs, with the CAs the guest trusts.
 	spec.initrd = img.Initramfs
-	if len(cfg.CA) > 0 {
+	files, err := guestTrust(nc.icpt, cfg.CA)
+	if err != nil {
+		return fmt.Errorf("%s backend: %w", backend, err)
+	}
+	if len(files) > 0 {
 		spec.initrd = filepath.Join(spec.dir, "initrd.img")
-		if err := vmimage.WithOverlay(spec.initrd, img.Initramfs, []vmimage.File{{Path: vmimage.CAPath, Data: cfg.CA}}); err != nil {
+		if err := vmimage.WithOverlay(spec.initrd, img.Initramfs, files); err != nil {
 			return fmt.Errorf("%s backend: %w", backend, err)
 		}
 	}
@@ -287,6 +311,73 @@ func startVM(ctx, lctx context.Context, nc *netChannel, tcfg tcx.Config, l launc
 	nc.closers = append(nc.closers, sb.close)
 	go sb.session(sctx)
 	return nil
+}
+
+// guestTrust returns the per-boot overlay's files that make the guest
+// trust carbd's interception CA (ic, when intercepting) and extra, a PEM
+// the operator gave (--vm-ca): the CA slot holds both, and with
+// interception the whole bundle the netns backend binds (the host's
+// roots and carbd's CA) plus extra goes to vmimage.BundlePath, which the
+// guest's /init installs as its system bundle and points the clients'
+// variables at.
+func guestTrust(ic *interceptor, extra []byte) ([]vmimage.File, error) {
+	pemCat := func(parts ...[]byte) []byte {
+		var b []byte
+		for _, p := range parts {
+			if len(p) == 0 {
+				continue
+			}
+			b = append(b, p...)
+			if b[len(b)-1] != '\n' {
+				b = append(b, '\n')
+			}
+		}
+		return b
+	}
+	if ic == nil {
+		if len(extra) == 0 {
+			return nil, nil
+		}
+		return []vmimage.File{{Path: vmimage.CAPath, Data: extra}}, nil
+	}
+	bundle, err := os.ReadFile(ic.bundle)
+	if err != nil {
+		return nil, fmt.Errorf("the guest's CA bundle: %w", err)
+	}
+	return []vmimage.File{
+		{Path: vmimage.CAPath, Data: pemCat(ic.ca.CertPEM, extra)},
+		{Path: vmimage.BundlePath, Data: pemCat(bundle, extra)},
+	}, nil
+}
+
+// checkPEMCerts reports whether b, when given, is one or more PEM
+// certificates and nothing else: a block that does not parse makes
+// OpenSSL refuse the whole bundle it is in (curl: "error setting
+// certificate file"), so every HTTPS client in the guest would fail.
+func checkPEMCerts(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	n := 0
+	for rest := b; ; n++ {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			if n == 0 {
+				return errors.New("no PEM certificate")
+			}
+			if len(bytes.TrimSpace(rest)) > 0 {
+				return errors.New("not PEM certificates only: text that is not a PEM block")
+			}
+			return nil
+		}
+		if blk.Type != "CERTIFICATE" {
+			return fmt.Errorf("PEM block %d is a %s, not a CERTIFICATE", n+1, blk.Type)
+		}
+		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+			return fmt.Errorf("certificate %d: %w", n+1, err)
+		}
+	}
 }
 
 // vmSandbox is a VM as the daemon's sandbox: the control session with
@@ -361,7 +452,7 @@ func (s *vmSandbox) converse(ctx context.Context) (int, error) {
 	// The hello, within the boot timeout: closing the stream ends the
 	// wait.
 	stopTimer := context.AfterFunc(bctx, func() { conn.Close() })
-	_, err = conn.RecvHello()
+	hello, err := conn.RecvHello()
 	stopTimer()
 	if err != nil {
 		if ended, st := s.endedBy(); ended {
@@ -374,6 +465,22 @@ func (s *vmSandbox) converse(ctx context.Context) (int, error) {
 	}
 	boot := time.Since(s.launched)
 	s.log.Info("the guest is up", "boot", boot.Round(time.Millisecond))
+
+	// The agent's environment (--env, --env-file) goes first, over the
+	// control channel only: never on the kernel command line or in an
+	// argv; the guest helper sets it in the agent's environment. A guest
+	// too old for it would start the agent without its keys: refused.
+	if env := s.d.cfg.Env; len(env) > 0 {
+		if hello.Version < ctrl.EnvVersion {
+			return -1, fmt.Errorf("%s: the guest image speaks control protocol %d, which cannot carry the agent's environment (--env): rebuild it (make vmimage)", s.backend, hello.Version)
+		}
+		if err := conn.Send(&ctrl.Env{Vars: env}); err != nil {
+			if ended, st := s.endedBy(); ended {
+				return st, nil
+			}
+			return -1, fmt.Errorf("%s: send the agent's environment: %w%s", s.backend, err, s.hv.diag())
+		}
+	}
 
 	// The task: the principal's text (T_0) and the command carbd was
 	// given, run by the guest helper in the working directory.

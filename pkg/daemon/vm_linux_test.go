@@ -3,12 +3,19 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/netip"
 	"os"
@@ -147,6 +154,10 @@ func fakeGuest(g *chvtest.Guest) {
 		return
 	}
 	m, err := g.Conn.Recv()
+	if env, ok := m.(*ctrl.Env); err == nil && ok {
+		g.Record("env", env.Vars)
+		m, err = g.Conn.Recv()
+	}
 	task, ok := m.(*ctrl.Task)
 	if err != nil || !ok {
 		g.Record("error", fmt.Sprintf("first message %v %v, want the task", m, err))
@@ -403,8 +414,9 @@ func runFakeCHVErr(t *testing.T, scenario string, cal *calib.Artifact, onOutput 
 		Workdir: r.work, Task: "Check http://api.example.com/status", Backend: BackendCHV,
 		Argv: []string{scenario, "--flag", "two words"}, UID: sandboxUID, GID: sandboxUID,
 		Hosts:       map[string][]netip.Addr{"api.example.com": {netip.MustParseAddr("198.18.80.2")}},
-		Calibration: cal, HoldTimeout: 3 * time.Second, Stdout: r.out, Stderr: r.out,
-		VM: VMConfig{Image: img, Binary: self, CA: []byte(vmTestCA)}})
+		Calibration: cal, HoldTimeout: 3 * time.Second, Stdout: r.out, Stderr: r.out, Env: []string{fakeEnvVar},
+		Intercept: InterceptConfig{CADir: t.TempDir()},
+		VM:        VMConfig{Image: img, Binary: self, CA: []byte(vmTestCA)}})
 	if l, err := chvtest.ReadLog(logPath); err == nil {
 		r.log = l
 	} else {
@@ -413,7 +425,28 @@ func runFakeCHVErr(t *testing.T, scenario string, cal *calib.Artifact, onOutput 
 	return r
 }
 
-const vmTestCA = "-----BEGIN CERTIFICATE-----\nQ0FSQkQtVk0tVEVTVC1DQQ==\n-----END CERTIFICATE-----\n"
+// vmTestCA is the CA the VM tests give with --vm-ca (a real certificate:
+// one that does not parse would break the guest's whole bundle, which
+// carbd refuses), and vmTestCALine its first line of base64, to find it.
+var vmTestCA, vmTestCALine = func() (string, string) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "carbd VM test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		panic(err)
+	}
+	p := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	return p, strings.Split(p, "\n")[1]
+}()
+
+// fakeEnvVar is the agent's environment in the fake's runs (--env): it
+// reaches the guest over the vsock only.
+const fakeEnvVar = "CARBD_FAKE_KEY=fake-key-5d41402abc4b2a76b9719d911017c592"
 
 // wantArgv is the cloud-hypervisor command line for r, written out from
 // Cloud Hypervisor's documentation (docs/vm.md).
@@ -465,8 +498,13 @@ func (r *chvRun) check(t *testing.T, wantRequests []string, wantExit string) {
 		t.Errorf("the fake VMM exited by %q, want %q", l.Exit, wantExit)
 	}
 	var task *ctrl.Task
+	var env []string
 	for _, g := range l.Guest {
 		switch g.Kind {
+		case "env":
+			if err := json.Unmarshal(g.Value, &env); err != nil {
+				t.Error(err)
+			}
 		case "task":
 			task = &ctrl.Task{}
 			if err := json.Unmarshal(g.Value, task); err != nil {
@@ -480,10 +518,22 @@ func (r *chvRun) check(t *testing.T, wantRequests []string, wantExit string) {
 	if diff := cmp.Diff(want, task); diff != "" {
 		t.Errorf("the task the guest got (-want +got):\n%s", diff)
 	}
-	// The initramfs the VM booted: the image's, then the CA overlay.
+	// The agent's environment came over the vsock, before the task, and
+	// is nowhere in the VMM's argv.
+	if diff := cmp.Diff([]string{fakeEnvVar}, env); diff != "" {
+		t.Errorf("the environment the guest got (-want +got):\n%s", diff)
+	}
+	_, value, _ := strings.Cut(fakeEnvVar, "=")
+	if strings.Contains(strings.Join(l.Argv, " "), value) {
+		t.Errorf("the environment's value is in the VMM's argv")
+	}
+	// The initramfs the VM booted: the image's, then the overlay with the
+	// CA slot (carbd's interception CA and the --vm-ca one) and the whole
+	// bundle (the host's roots, both CAs).
 	b, err := os.ReadFile(filepath.Join(r.state, "sandboxes", r.id, "vm", "initrd.img"))
-	if err != nil || !bytes.HasPrefix(b, []byte("initramfs")) || !bytes.Contains(b, []byte("etc/ssl/certs/carbd-ca.pem")) || !bytes.Contains(b, []byte(vmTestCA)) {
-		t.Errorf("per-boot initramfs: %v\n%q", err, b)
+	if err != nil || !bytes.HasPrefix(b, []byte("initramfs")) || !bytes.Contains(b, []byte("etc/ssl/certs/carbd-ca.pem")) ||
+		!bytes.Contains(b, []byte("etc/carbd/ca-bundle.pem")) || bytes.Count(b, []byte(vmTestCA)) != 2 {
+		t.Errorf("per-boot initramfs: %v\n%.2000q", err, b)
 	}
 	if _, err := netlink.LinkByName("cbh-" + r.id); err == nil {
 		t.Errorf("the tap cbh-%s is still there", r.id)
@@ -818,7 +868,7 @@ func TestRunQEMU(t *testing.T) {
 
 	script := `set -u
 echo "pwd=$(pwd)"
-sed -n 2p /etc/ssl/certs/carbd-ca.pem
+grep -h -- '` + vmTestCALine + `' /etc/ssl/certs/carbd-ca.pem /etc/ssl/certs/ca-certificates.crt
 curl -sS -m 60 -o report.txt -w 'timing connect=%{time_connect} start=%{time_starttransfer} total=%{time_total}\n' http://api.example.com/status; echo "get=$?"
 key=$(grep -v -- ----- certs/service.pem)
 curl -sS -m 60 -X POST --data "$key" http://api.example.com/status; echo "leak=$?"
@@ -838,8 +888,8 @@ exit 7`
 	if !strings.Contains(agent, "pwd="+work+"\n") {
 		t.Errorf("the agent did not run in the working directory's path")
 	}
-	if !strings.Contains(agent, "Q0FSQkQtVk0tVEVTVC1DQQ==") {
-		t.Errorf("the interception CA is not in the guest")
+	if strings.Count(agent, vmTestCALine) != 2 {
+		t.Errorf("the --vm-ca CA is not in the guest's CA slot and bundle")
 	}
 	// (a) and (b): what the world received.
 	reqs := w.requests()
@@ -983,6 +1033,12 @@ func (r *qemuRun) console() []byte {
 // set, runs once onOutput appears in the agent's output.
 func runQEMU(t *testing.T, img string, w *world, work string, cal *calib.Artifact, script, onOutput string, act func(context.CancelFunc)) *qemuRun {
 	t.Helper()
+	return runQEMUWith(t, img, w, work, cal, script, onOutput, act, nil)
+}
+
+// runQEMUWith is runQEMU with the daemon's configuration changed by mod.
+func runQEMUWith(t *testing.T, img string, w *world, work string, cal *calib.Artifact, script, onOutput string, act func(context.CancelFunc), mod func(*Config)) *qemuRun {
+	t.Helper()
 	r := &qemuRun{id: testutil.UniqueName("q"), state: t.TempDir(), out: newVMBuffer(onOutput), logs: newVMBuffer("")}
 	r.plan = vmSeedIndex(t, r.state, r.id)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -996,14 +1052,19 @@ func runQEMU(t *testing.T, img string, w *world, work string, cal *calib.Artifac
 			}
 		}()
 	}
-	start := time.Now()
-	sum, err := Run(ctx, Config{ID: r.id, StateDir: r.state, Policy: vmPolicy(t, ", gate: []"), PolicyPath: "vm.yaml",
+	cfg := Config{ID: r.id, StateDir: r.state, Policy: vmPolicy(t, ", gate: []"), PolicyPath: "vm.yaml",
 		Workdir: work, Task: "Fetch http://api.example.com/status and save it to report.txt", Backend: BackendQEMU,
 		Argv: []string{"/bin/sh", "-c", script}, UID: sandboxUID, GID: sandboxUID,
 		Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}, "evil.example.net": {w.addr}},
 		Calibration: cal, HoldTimeout: 10 * time.Second, Stdout: r.out, Stderr: r.out,
-		Log: slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: vmLogLevel()})),
-		VM:  VMConfig{Image: img, CA: []byte(vmTestCA)}})
+		Log:       slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: vmLogLevel()})),
+		Intercept: InterceptConfig{CADir: t.TempDir()},
+		VM:        VMConfig{Image: img, CA: []byte(vmTestCA)}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	start := time.Now()
+	sum, err := Run(ctx, cfg)
 	r.elapsed = time.Since(start)
 	r.sum = sum
 	t.Cleanup(func() {
@@ -1029,4 +1090,156 @@ func vmLogLevel() slog.Level {
 		return slog.LevelDebug
 	}
 	return slog.LevelInfo
+}
+
+// TestRunQEMUIntercept: the guest's HTTPS is intercepted on the tap and
+// decided request by request, with the agent's key given as --env
+// NAME=VALUE@host. A real VM under TCG; the world serves HTTPS for
+// api.example.com and api6.example.com with a certificate of its own CA
+// (trusted by carbd as an upstream CA; the guest trusts only what carbd
+// installs). The key is bound to api.example.com: there it is released
+// (the world sees it), sent to api6.example.com it is refused with a 403
+// and never reaches the world, while a clean request to
+// api6.example.com is released. Neither ps (/proc/*/cmdline) nor any
+// process's environment on the host, nor carbd's log, the guest's
+// console or the audit, ever holds the value.
+func TestRunQEMUIntercept(t *testing.T) {
+	img := requireQEMU(t)
+	w := newWorld(t, 124)
+	tw := serveTLSWorld(t, w, t.TempDir())
+	const key = "sk-vmtest-7f3a9c2e5b1d4086af31"
+	p, err := decide.ParsePolicy("intercept.yaml", []byte(interceptPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = p.WithCredentials([]decide.CredentialValue{{Name: "API_KEY", Value: key, Hosts: []string{"api.example.com"}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// ps on the host while the run goes on: every process's argv and
+	// environment.
+	scan := struct {
+		sync.Mutex
+		rounds, qemu int
+		found        []string
+	}{}
+	stop := make(chan struct{})
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		for {
+			paths, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+			for _, c := range paths {
+				for _, f := range []string{c, filepath.Join(filepath.Dir(c), "environ")} {
+					b, err := os.ReadFile(f)
+					if err != nil {
+						continue
+					}
+					scan.Lock()
+					if strings.Contains(f, "cmdline") && bytes.Contains(b, []byte(qemu.DefaultBinary)) {
+						scan.qemu++
+					}
+					if bytes.Contains(b, []byte(key)) {
+						scan.found = append(scan.found, f)
+					}
+					scan.Unlock()
+				}
+			}
+			scan.Lock()
+			scan.rounds++
+			scan.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+
+	script := `set -u
+echo "trust=$SSL_CERT_FILE,$REQUESTS_CA_BUNDLE,$CURL_CA_BUNDLE,$NODE_EXTRA_CA_CERTS,$GIT_SSL_CAINFO"
+echo "bundle=$(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt)"
+curl -sS -m 60 -H "Authorization: Bearer $API_KEY" -w ' code=%{http_code}\n' https://api.example.com/with-key; echo "withkey=$?"
+curl -sS -m 60 -w ' code=%{http_code}\n' https://api6.example.com/clean; echo "clean=$?"
+curl -sS -m 60 -H "Authorization: Bearer $API_KEY" -w ' code=%{http_code}\n' https://api6.example.com/leak; echo "leak=$?"
+exit 0`
+	r := runQEMUWith(t, img, w, workdir(t), nil, script, "", nil, func(c *Config) {
+		c.Policy, c.PolicyPath = p, "intercept.yaml"
+		c.Task = "Fetch https://api.example.com/with-key"
+		c.Hosts = map[string][]netip.Addr{"api.example.com": {w.addr}, "api6.example.com": {w.addr}}
+		c.Env = []string{"API_KEY=" + key}
+		c.Intercept.UpstreamCAs = []string{tw.caFile}
+	})
+	close(stop)
+	<-scanned
+	agent := r.out.String()
+
+	const bundle = "/etc/ssl/certs/ca-certificates.crt"
+	if !strings.Contains(agent, "trust="+strings.Repeat(bundle+",", 4)+bundle+"\n") {
+		t.Errorf("the clients' variables do not point at the guest's bundle")
+	}
+	if m := regexp.MustCompile(`bundle=(\d+)`).FindStringSubmatch(agent); m == nil || m[1] == "0" || m[1] == "1" {
+		t.Errorf("the guest's bundle: %v (want the host's roots and carbd's CA)", m)
+	}
+	if !strings.Contains(agent, "ok /with-key\n code=200") || !strings.Contains(agent, "ok /clean\n code=200") {
+		t.Errorf("the released requests were not answered by the world")
+	}
+	if !strings.Contains(agent, "carbd: request refused") || !strings.Contains(agent, "code=403") || strings.Contains(agent, "ok /leak") {
+		t.Errorf("the key sent to api6.example.com was not refused with carbd's 403")
+	}
+	reqs := tw.requests()
+	t.Logf("the world saw:\n%s", strings.Join(reqs, "\n"))
+	var withKey, clean bool
+	for _, q := range reqs {
+		withKey = withKey || strings.HasPrefix(q, "api.example.com GET /with-key ") && strings.Contains(q, "Bearer "+key)
+		clean = clean || strings.HasPrefix(q, "api6.example.com GET /clean ")
+		if strings.Contains(q, "/leak") {
+			t.Errorf("the world saw the refused request: %q", q)
+		}
+	}
+	if !withKey || !clean {
+		t.Errorf("the world did not see the released requests (with the key to its party: %v, clean: %v)", withKey, clean)
+	}
+
+	scan.Lock()
+	defer scan.Unlock()
+	t.Logf("host process scan: %d rounds, QEMU seen %d times", scan.rounds, scan.qemu)
+	if scan.qemu == 0 {
+		t.Errorf("the scan never saw QEMU's command line: it proves nothing")
+	}
+	if len(scan.found) > 0 {
+		t.Errorf("the key is in a host process's argv or environment: %q", scan.found)
+	}
+	audit, _ := os.ReadFile(filepath.Join(r.state, "sandboxes", r.id, "audit.jsonl"))
+	for what, b := range map[string][]byte{"carbd's log": []byte(r.logs.String()), "the guest console": r.console(), "the audit": audit} {
+		if bytes.Contains(b, []byte(key)) {
+			t.Errorf("the key is in %s", what)
+		}
+	}
+	if !bytes.Contains(audit, []byte("tls:connect")) {
+		t.Errorf("no tls:connect decision in the audit: the connections were not intercepted")
+	}
+}
+
+// TestCheckPEMCerts: --vm-ca must be certificates only (one that does
+// not parse makes the guest's OpenSSL refuse its whole bundle).
+func TestCheckPEMCerts(t *testing.T) {
+	key := string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte{1}}))
+	for _, tc := range []struct {
+		in   string
+		want string // "" for no error
+	}{
+		{"", ""},
+		{vmTestCA, ""},
+		{vmTestCA + vmTestCA, ""},
+		{"-----BEGIN CERTIFICATE-----\nQ0FSQkQtVk0tVEVTVC1DQQ==\n-----END CERTIFICATE-----\n", "certificate 1: "},
+		{vmTestCA + key, "PEM block 2 is a PRIVATE KEY"},
+		{"not pem", "no PEM certificate"},
+		{vmTestCA + "trailing", "text that is not a PEM block"},
+	} {
+		err := checkPEMCerts([]byte(tc.in))
+		if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("checkPEMCerts(%.40q) = %v, want %q", tc.in, err, tc.want)
+		}
+	}
 }
