@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/carbd/carbd/pkg/decide"
@@ -226,16 +227,44 @@ func (h *h1Conn) redial(ctx context.Context) error {
 // relayResponse streams upstream bytes to the client until the tap has
 // seen the whole response to the request just forwarded (1xx interim
 // responses pass through). It reports whether the connection goes on.
+// A response longer than its first read is relayed through a clientPipe:
+// reading and decrypting the world's next bytes overlaps encrypting and
+// writing the previous ones. Each read is shown to the tap (and so
+// observed) before it is handed to the client.
 func (h *h1Conn) relayResponse(ctx context.Context, req *Request) (bool, error) {
 	c := h.c
 	want := h.rw.responses + 1
 	desyncs := h.rw.t.Stats().Desyncs
 	got := false
+	var pipe *clientPipe
+	// toClient writes b (h.buf or a pooled chunk) to the client, through
+	// the pipe once there is one.
+	toClient := func(b []byte) error {
+		if pipe == nil {
+			if _, err := c.cliTLS.Write(b); err != nil {
+				return fmt.Errorf("intercept: write to client: %w", err)
+			}
+			return nil
+		}
+		return pipe.send(b)
+	}
+	end := func(err error) error {
+		if pipe != nil {
+			if perr := pipe.close(); err == nil {
+				err = perr
+			}
+		}
+		return err
+	}
 	for h.rw.responses < want {
+		buf := h.buf
+		if pipe != nil {
+			buf = getChunk()
+		}
 		var n int
 		err := h.upErr
 		if !h.upDead {
-			n, err = c.up.Read(h.buf)
+			n, err = c.up.Read(buf)
 		}
 		if err != nil && n == 0 && !got && h.keep {
 			// The server closed the kept-alive connection before it
@@ -250,26 +279,96 @@ func (h *h1Conn) relayResponse(ctx context.Context, req *Request) (bool, error) 
 		if n > 0 {
 			// Observe first: a response is reported before the client
 			// holds all of it, so a request it prompts is decided after.
-			h.rw.ingress(h.buf[:n], false, c.observer(req))
-			if _, werr := c.cliTLS.Write(h.buf[:n]); werr != nil {
-				return false, fmt.Errorf("intercept: write to client: %w", werr)
+			h.rw.ingress(buf[:n], false, c.observer(req))
+			if werr := toClient(buf[:n]); werr != nil {
+				return false, end(werr)
 			}
+		} else if pipe != nil {
+			putChunk(buf)
 		}
 		if err != nil {
 			h.rw.ingress(nil, true, c.observer(req))
 			if errors.Is(err, io.EOF) {
-				return false, nil // the server closed: so does carbd
+				return false, end(nil) // the server closed: so does carbd
 			}
-			return false, fmt.Errorf("intercept: read upstream: %w", err)
+			return false, end(fmt.Errorf("intercept: read upstream: %w", err))
 		}
 		if h.rw.t.Stats().Desyncs != desyncs {
 			// The response cannot be framed: relay it until the server
 			// closes, take no further request on this connection.
+			if err := end(nil); err != nil {
+				return false, err
+			}
 			_, err := io.Copy(c.cliTLS, c.up)
 			return false, err
 		}
+		if pipe == nil && n > 0 && h.rw.responses < want {
+			pipe = startClientPipe(c.cliTLS)
+		}
 	}
-	return true, nil
+	return true, end(nil)
+}
+
+// chunkSize is a relayed read's buffer: a TLS record's plaintext is at
+// most 16 KiB, and crypto/tls returns one record per Read.
+const chunkSize = 16 << 10
+
+// pipeDepth is how many chunks a clientPipe holds: reading runs at most
+// this far ahead of the client.
+const pipeDepth = 8
+
+var chunks = sync.Pool{New: func() any { return new([chunkSize]byte) }}
+
+func getChunk() []byte { return chunks.Get().(*[chunkSize]byte)[:] }
+
+func putChunk(b []byte) {
+	if cap(b) == chunkSize {
+		chunks.Put((*[chunkSize]byte)(b[:chunkSize]))
+	}
+}
+
+// clientPipe writes chunks to the client on a goroutine of its own.
+type clientPipe struct {
+	ch     chan []byte
+	failed chan struct{} // closed when a write failed
+	done   chan struct{} // closed when the writer has ended
+	err    error         // the failed write's error; read after failed or done
+}
+
+func startClientPipe(w io.Writer) *clientPipe {
+	p := &clientPipe{ch: make(chan []byte, pipeDepth), failed: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for b := range p.ch {
+			if p.err == nil {
+				if _, err := w.Write(b); err != nil {
+					p.err = fmt.Errorf("intercept: write to client: %w", err)
+					close(p.failed)
+				}
+			}
+			putChunk(b)
+		}
+	}()
+	return p
+}
+
+// send hands b (a pooled chunk, which the pipe returns) to the writer.
+func (p *clientPipe) send(b []byte) error {
+	select {
+	case p.ch <- b:
+		return nil
+	case <-p.failed:
+		putChunk(b)
+		return p.err
+	}
+}
+
+// close waits until every chunk sent is written; it returns the first
+// write error.
+func (p *clientPipe) close() error {
+	close(p.ch)
+	<-p.done
+	return p.err
 }
 
 // tunnel relays the rest of the connection both ways as it is, from the

@@ -42,6 +42,7 @@ func (c *conn) serveH2(ctx context.Context) error {
 	tr := &http.Transport{
 		Protocols:      h2,
 		DialTLSContext: func(context.Context, string, string) (net.Conn, error) { return up, nil },
+		HTTP2:          h2Settings(),
 	}
 	cc, err := tr.NewClientConn(ctx, "https", c.dst.String())
 	if err != nil {
@@ -55,6 +56,20 @@ func (c *conn) serveH2(ctx context.Context) error {
 	return nil
 }
 
+// h2Settings are the HTTP/2 settings of both legs, for throughput: the
+// largest frame carbd reads is 1 MiB (net/http's client would take 16 KiB
+// frames from the world), and what a peer may send ahead is 4 MiB per
+// stream and 16 MiB per connection, so that neither a download nor an
+// upload waits on window updates, while a connection's buffers stay
+// bounded (net/http's client would allow 1 GiB per connection).
+func h2Settings() *http.HTTP2Config {
+	return &http.HTTP2Config{
+		MaxReadFrameSize:              1 << 20,
+		MaxReceiveBufferPerStream:     4 << 20,
+		MaxReceiveBufferPerConnection: 16 << 20,
+	}
+}
+
 // serveOne serves one client connection (its TLS handshake done, "h2"
 // agreed) with net/http's server until it ends or ctx does.
 func serveOne(ctx context.Context, tc *tls.Conn, h http.Handler) {
@@ -64,6 +79,7 @@ func serveOne(ctx context.Context, tc *tls.Conn, h http.Handler) {
 	srv := &http.Server{
 		Handler:   h,
 		Protocols: h2,
+		HTTP2:     h2Settings(),
 		ErrorLog:  log.New(io.Discard, "", 0),
 		ConnState: func(_ net.Conn, st http.ConnState) {
 			if st == http.StateClosed || st == http.StateHijacked {
@@ -147,7 +163,7 @@ func (c *conn) h2Event(r *http.Request, body []byte, oversized bool) decide.Even
 
 func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http.ClientConn, n uint32) {
 	limit := c.p.cfg.MaxBodyBytes
-	body, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+	body, err := readBody(r, limit)
 	if err != nil {
 		http.Error(w, "carbd: reading the request body: "+err.Error(), http.StatusBadRequest)
 		return
@@ -218,8 +234,44 @@ func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http.ClientC
 	}
 }
 
-// streamBody copies a response body to the client as it arrives,
-// flushing each read, and keeps its first maxObservedBody bytes. done is
+// relayBufSize is the buffer a response body is copied through: large,
+// so that a download takes few reads and writes; pooled, so that a small
+// response on a kept-alive connection allocates none.
+const relayBufSize = 64 << 10
+
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+
+// readBody reads a request body whole, up to limit+1 bytes (one more
+// says it is oversized), as io.ReadAll would, but allocates nothing for a
+// stream that ended with its headers and once for a declared length.
+func readBody(r *http.Request, limit int) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	lr := io.LimitReader(r.Body, int64(limit)+1)
+	size := 512
+	if r.ContentLength >= 0 {
+		size = int(min(r.ContentLength, int64(limit))) + 1
+	}
+	b := make([]byte, 0, size)
+	for {
+		n, err := lr.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
+}
+
+// streamBody copies a response body to the client as it arrives
+// (through a pooled relayBufSize buffer, flushed whenever a read found
+// nothing more waiting), and keeps its first maxObservedBody bytes. done is
 // called once the body's end is known: when its length was declared,
 // before its last bytes are written (the response is observed before
 // the client holds all of it); otherwise (a stream) at its end.
@@ -234,11 +286,16 @@ func streamBody(w http.ResponseWriter, body io.Reader, length int64, done func(s
 			done(seen, n, err)
 		}
 	}
-	buf := make([]byte, 32<<10)
+	bp := relayBufs.Get().(*[]byte)
+	defer relayBufs.Put(bp)
+	buf := *bp
 	for {
 		k, rerr := body.Read(buf)
 		if k > 0 {
 			if len(seen) < maxObservedBody {
+				if seen == nil && length >= 0 {
+					seen = make([]byte, 0, min(length, maxObservedBody))
+				}
 				seen = append(seen, buf[:min(k, maxObservedBody-len(seen))]...)
 			}
 			n += int64(k)
@@ -249,8 +306,12 @@ func streamBody(w http.ResponseWriter, body io.Reader, length int64, done func(s
 				finish(werr)
 				return
 			}
-			if fl != nil && (length < 0 || n < length) {
-				fl.Flush() // the last bytes go with the end of the stream
+			// Flush when the read did not fill the buffer: nothing more
+			// was waiting, so what was read must not wait for more (a
+			// stream's events). A full read is followed by another at
+			// once; the last bytes go with the end of the stream.
+			if fl != nil && k < len(buf) && (length < 0 || n < length) {
+				fl.Flush()
 			}
 		}
 		if rerr == io.EOF {

@@ -322,6 +322,10 @@ func (c *conn) clientConfig(ctx context.Context, hello *tls.ClientHelloInfo) (*t
 		Certificates: []tls.Certificate{*leaf},
 		MinVersion:   tls.VersionTLS12,
 		KeyLogWriter: c.p.clientKeyLog,
+		// Full-size records from the first byte: the guest is a hop
+		// away, there is no slow start to spare small records for, and
+		// each record is an encryption and a write.
+		DynamicRecordSizingDisabled: true,
 	}
 	switch {
 	case c.upErr != nil:
@@ -353,6 +357,8 @@ func (c *conn) dialUpstream(ctx context.Context, name string) {
 		NextProtos:   c.offered,
 		MinVersion:   tls.VersionTLS12,
 		KeyLogWriter: c.p.cfg.KeyLog,
+		// An upload is released whole: full-size records from its start.
+		DynamicRecordSizingDisabled: true,
 	})
 	if err := up.HandshakeContext(ctx); err != nil {
 		raw.Close()
