@@ -210,7 +210,7 @@ func TestIndexBlockBoundaries(t *testing.T) {
 	x.Add("p", 3, long)
 	ref.add("p", 3, long)
 	filler := strings.Repeat("qrstuvw ", blockSize) // no token q-grams
-	for _, bound := range []int{smallBlockSize, blockSize, 2 * blockSize} {
+	for _, bound := range []int{tinyBlockSize, smallBlockSize, blockSize, 2 * blockSize} {
 		for d := -40; d <= 8; d++ {
 			for _, tok := range toks {
 				for _, ws := range []string{"", " ", "\u00a0\n"} {

@@ -10,6 +10,7 @@ import (
 const (
 	blockSize      = 8 << 10
 	smallBlockSize = 512
+	tinyBlockSize  = 64 // a host, a path, a short body: little stack to clear
 	bufSlack       = 64 // room past the block for normFill's stores
 )
 
@@ -19,6 +20,13 @@ const (
 // never copied as a whole.
 func (x *Index) ScanFunc(content string, fn func(Hit) bool) {
 	if len(x.toks) == 0 || content == "" {
+		return
+	}
+	if len(content) < tinyBlockSize {
+		var buf [tinyBlockSize + bufSlack]byte
+		var cand [(tinyBlockSize+bufSlack)/stride + 1]uint32
+		sc := scanner{x: x, s: content, buf: buf[:], candBuf: cand[:], block: tinyBlockSize, id: -1}
+		x.scanFunc(&sc, fn)
 		return
 	}
 	if len(content) < smallBlockSize {
@@ -93,6 +101,9 @@ func (x *Index) MaxLevel(content string) (uint8, bool) {
 	if len(x.toks) == 0 || content == "" {
 		return 0, false
 	}
+	if len(content) < tinyBlockSize {
+		return x.maxLevelShort(content)
+	}
 	if len(content) < smallBlockSize {
 		var buf [smallBlockSize + bufSlack]byte
 		var cand [(smallBlockSize+bufSlack)/stride + 1]uint32
@@ -120,6 +131,47 @@ func (x *Index) maxLevel(sc *scanner) (uint8, bool) {
 			}
 		}
 	}
+}
+
+// maxLevelShort is MaxLevel for content shorter than tinyBlockSize (a
+// host, a path, a short body: most fields of an effect). Its whole normal
+// form fits a buffer on the stack (a byte may become three: an invalid
+// one is written as U+FFFD), so there is no block to carry over and no
+// token that runs past the buffer, and the probes are tried in place.
+func (x *Index) maxLevelShort(content string) (uint8, bool) {
+	const limit = 3 * tinyBlockSize
+	var buf [limit + fillSlack]byte
+	n, _ := normFill(buf[:], 0, limit, content, 0)
+	var lvl uint8
+	found := false
+	gbits, gshift, pbits, pshift := x.gbits, x.gshift, x.pbits, x.pshift&63
+	for p := 0; p+gramLen <= n; p += stride {
+		// A probe reads 8 bytes; those past n are stale and only cause
+		// candidates that the exact checks drop.
+		g := gramHash(binary.LittleEndian.Uint64(buf[p:]), gshift)
+		if gbits[g>>6]>>(g&63)&1 == 0 {
+			continue
+		}
+		for c := max(p-(stride-1), 0); c <= p && c+MinTokenLen <= n; c++ {
+			u := binary.LittleEndian.Uint64(buf[c:])
+			if f := u * hashP >> pshift; pbits[f>>6]>>(f&63)&1 == 0 {
+				continue
+			}
+			for id := x.heads[u*hashP>>x.hshift]; id >= 0; id = x.next[id] {
+				t := x.toks[id]
+				if x.pre[id] != u || c+len(t) > n || string(buf[c+MinTokenLen:c+len(t)]) != t[MinTokenLen:] {
+					continue
+				}
+				if l := x.levels[id]; !found || l > lvl {
+					lvl, found = l, true
+					if lvl == x.top {
+						return lvl, true
+					}
+				}
+			}
+		}
+	}
+	return lvl, found
 }
 
 // scanner walks the occurrences of the records of an Index in Norm(s),

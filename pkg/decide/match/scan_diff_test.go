@@ -41,3 +41,33 @@ func TestScanRealisticAgreesWithReference(t *testing.T) {
 		checkScan(t, &x, ref, strings.ToUpper(body))
 	}
 }
+
+// TestScanShortContentAgreesWithReference covers the small buffers short
+// content is scanned in: tokens at every position of content under 64 and
+// under 512 bytes, split by whitespace, and content whose lower case is
+// longer than itself (Ⱥ: 2 bytes, ⱥ: 3), so that its normal form spans
+// several fills of the small buffer.
+func TestScanShortContentAgreesWithReference(t *testing.T) {
+	toks := []string{"exactly8", "abcdefghijklmnop", "ⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥⱥ", "é€日本語テキスト"}
+	var x Index
+	ref := &refIndex{}
+	for i, tok := range toks {
+		x.Add("o", uint8(i), tok)
+		ref.add("o", uint8(i), tok)
+	}
+	for _, size := range []int{tinyBlockSize - 1, smallBlockSize - 1} {
+		for _, tok := range toks {
+			for _, ws := range []string{"", " ", "\u00a0\n"} {
+				in := strings.ToUpper(tok[:len(tok)/2]) + ws + tok[len(tok)/2:]
+				for pre := 0; pre+len(in) <= size; pre++ {
+					c := strings.Repeat("x", pre) + in
+					c += strings.Repeat("q", size-len(c))
+					checkScan(t, &x, ref, c)
+				}
+			}
+		}
+		expand := strings.Repeat("Ⱥ", size/2)
+		checkScan(t, &x, ref, expand)
+		checkScan(t, &x, ref, expand[:len(expand)-4]+"exactly8")
+	}
+}
