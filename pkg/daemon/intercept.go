@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,7 +38,8 @@ type InterceptConfig struct {
 	// UpstreamCAs are PEM files of CAs trusted for the world's servers
 	// besides the host's roots.
 	UpstreamCAs []string
-	// Ports are the TCP ports redirected to the interception; default 443.
+	// Ports are the TCP ports redirected to the interception; default
+	// 443. The policy's intercept.ports are added to them.
 	Ports []uint16
 	// KeyLog, when set, is a file (created 0600, appended to) that gets
 	// the TLS secrets of both legs of every intercepted connection in
@@ -58,16 +60,26 @@ var trustEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
 // ports (redirected by the NAT plan to its listener on the host side of
 // the sandbox's link) and decides every request in them with the engine.
 type interceptor struct {
-	nc     *netChannel
-	ca     *intercept.CA
-	proxy  *intercept.Proxy
-	ln     net.Listener
-	port   uint16
-	bundle string   // the guest's bundle: the host's roots and carbd's CA
-	keylog *os.File // InterceptConfig.KeyLog, or nil
+	nc       *netChannel
+	ca       *intercept.CA
+	proxy    *intercept.Proxy
+	front    *intercept.Front // reads each connection's ClientHello, then intercepts or passes it
+	ln       net.Listener
+	port     uint16
+	redirect []uint16 // the intercepted TCP ports (sorted)
+	bundle   string   // the guest's bundle: the host's roots and carbd's CA
+	keylog   *os.File // InterceptConfig.KeyLog, or nil
 
 	mu      sync.Mutex
 	waiting map[uint64]chan decide.Decision // held requests by effect
+	// passing are the connections passed through opaque, by client
+	// address, with the level the agent had read when they were last
+	// decided (decide.Engine.ReadLevel).
+	passing map[netip.AddrPort]decide.Level
+	// refusedCA are the server names whose clients refused carbd's CA:
+	// with intercept.on_refused_ca: pass, their later connections pass
+	// through opaque for the rest of the run.
+	refusedCA map[string]bool
 }
 
 // loadCA returns the configured CA, creating the host's once.
@@ -107,7 +119,9 @@ func (nc *netChannel) startIntercept() (*interceptor, error) {
 	if err := os.WriteFile(bundle, b, 0o644); err != nil {
 		return nil, fmt.Errorf("interception: the guest's bundle: %w", err)
 	}
-	ic := &interceptor{nc: nc, ca: ca, bundle: bundle, waiting: map[uint64]chan decide.Decision{}}
+	ic := &interceptor{nc: nc, ca: ca, bundle: bundle, waiting: map[uint64]chan decide.Decision{},
+		passing: map[netip.AddrPort]decide.Level{}, refusedCA: map[string]bool{},
+		redirect: interceptPorts(d.cfg.Intercept.Ports, d.engine.Policy().Intercept.Ports)}
 	cfg := intercept.Config{
 		CA: ca, Decider: ic, Observe: ic.observe, Refused: ic.refused, Connect: ic.connect,
 		UpstreamCAFiles: d.cfg.Intercept.UpstreamCAs, OrigDst: ic.origDst,
@@ -126,7 +140,27 @@ func (nc *netChannel) startIntercept() (*interceptor, error) {
 		ic.closeKeyLog()
 		return nil, err
 	}
+	ic.front, err = intercept.NewFront(intercept.FrontConfig{
+		Proxy: ic.proxy, Route: ic.route, Recheck: ic.recheck, CARefused: ic.caRefused, Passed: ic.passed,
+		OrigDst: ic.origDst, Logger: cfg.Logger,
+	})
+	if err != nil {
+		ic.closeKeyLog()
+		return nil, err
+	}
 	return ic, nil
+}
+
+// interceptPorts are the intercepted TCP ports: the configured ones
+// (default 443) and the policy's intercept.ports, sorted, once each.
+func interceptPorts(cfg, policy []uint16) []uint16 {
+	ports := slices.Clone(cfg)
+	if len(ports) == 0 {
+		ports = []uint16{decide.DefaultInterceptPort}
+	}
+	ports = append(ports, policy...)
+	slices.Sort(ports)
+	return slices.Compact(ports)
 }
 
 // openKeyLog opens (or creates) a key log file for appending, readable
@@ -188,20 +222,16 @@ func (ic *interceptor) listen() error {
 	return nil
 }
 
-// ports are the intercepted destination ports.
-func (ic *interceptor) ports() []uint16 {
-	if p := ic.nc.d.cfg.Intercept.Ports; len(p) > 0 {
-		return p
-	}
-	return []uint16{443}
-}
+// ports are the intercepted destination ports. The policy's are read
+// when the sandbox starts: a reload does not change the redirect.
+func (ic *interceptor) ports() []uint16 { return ic.redirect }
 
 // serve runs the proxy until ctx ends. A listener that fails while ctx
 // goes on is reported to the supervisor at once: the proxy returns only
 // once its connections have ended, and a held request's can wait for the
 // oracle until the failure's stop ends it.
 func (ic *interceptor) serve(ctx context.Context) error {
-	return ic.proxy.Serve(ctx, reportingListener{Listener: ic.ln, ctx: ctx, fail: func(err error) {
+	return ic.front.Serve(ctx, reportingListener{Listener: ic.ln, ctx: ctx, fail: func(err error) {
 		ic.nc.d.sup.Fail("interception-proxy", fmt.Errorf("intercept: accept: %w", err))
 	}})
 }
@@ -262,6 +292,17 @@ func (ic *interceptor) handles(dst netip.Addr, port uint16, proto uint8) bool {
 // destination must not be refused outright. Content is decided request
 // by request.
 func (ic *interceptor) connect(ctx context.Context, client, dst netip.AddrPort, sni string) error {
+	v := ic.decide(ctx, client, dst, ic.connectEvent(dst, sni, false))
+	if !v.Release {
+		return errors.New(v.Notice)
+	}
+	return nil
+}
+
+// connectEvent is a connection's tls:connect effect. Opaque: the
+// connection passes through without interception, its content carrying
+// everything the agent read so far.
+func (ic *interceptor) connectEvent(dst netip.AddrPort, sni string, opaque bool) decide.Event {
 	fields := []decide.Field{{Name: "sni", Role: decide.RoleTarget, Value: sni}}
 	obj := sni
 	if sni == "" {
@@ -275,13 +316,8 @@ func (ic *interceptor) connect(ctx context.Context, client, dst netip.AddrPort, 
 	if host != "" && !ic.nc.resolved(host, dst.Addr()) {
 		host = ""
 	}
-	ev := decide.Event{Ch: decide.ChanNet, Dir: decide.Out, Op: "tls:connect", Obj: fmt.Sprintf("%s:%d", obj, dst.Port()),
-		Fields: fields, Dest: &decide.Dest{Host: host, Addr: dst.Addr().Unmap(), Port: dst.Port(), Proto: "tcp"}}
-	v := ic.decide(ctx, client, dst, ev)
-	if !v.Release {
-		return errors.New(v.Notice)
-	}
-	return nil
+	return decide.Event{Ch: decide.ChanNet, Dir: decide.Out, Op: "tls:connect", Obj: fmt.Sprintf("%s:%d", obj, dst.Port()),
+		Fields: fields, Dest: &decide.Dest{Host: host, Addr: dst.Addr().Unmap(), Port: dst.Port(), Proto: "tcp"}, Opaque: opaque}
 }
 
 // Decide implements intercept.Decider: one request, decided by the engine
@@ -361,13 +397,23 @@ const maxInterceptNote = 1024
 // with its sequence number in the audit; tshark's decrypted view shows
 // which request is which.
 func (ic *interceptor) note(client, dst netip.AddrPort, what string) {
+	ic.noteVerdict(client, dst, "intercepted", what)
+}
+
+// noteVerdict is note with the connection's verdict ("intercepted",
+// "passed" for an opaque pass-through, "closed"); an empty what only
+// sets the verdict.
+func (ic *interceptor) noteVerdict(client, dst netip.AddrPort, verdict, what string) {
 	nc := ic.nc
 	id := newFlowID(netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port()), 6)
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	n, _ := nc.flows.peek(id)
-	n.verdict = "intercepted"
-	if n.reason != "" {
+	n.verdict = verdict
+	switch {
+	case what == "":
+		what = n.reason
+	case n.reason != "":
 		what = n.reason + "; " + what
 	}
 	if cut := len(what) - maxInterceptNote; cut > 0 {

@@ -396,6 +396,9 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 	if nc.icpt.handles(m.Flow.Dst, m.Flow.DstPort, m.Flow.Proto) {
 		return nfq.Outcome{Verdict: nfq.Release, Reason: "intercepted"}
 	}
+	if nc.icpt.refusesUDP(m, &ev) {
+		return nc.icpt.refuseUDP(m)
+	}
 	// A name the guest gave (a Host header, an SNI) names the destination
 	// only if the sandbox's resolver answered it with this address: else
 	// a request to any address could claim a party's or the model
