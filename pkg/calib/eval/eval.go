@@ -476,11 +476,33 @@ func fieldRecords(eps []*Episode) []calib.FieldRecord {
 // per episode and role, calib.Options.Episode), no pooling; RuleCRC by
 // Eq. 5 with Algorithm 1's pooling.
 func calibrateCRC(eps []*Episode, budgets calib.Budgets, delta float64, kind score.Kind, rule calib.Rule) (*calib.Artifact, error) {
-	opts := calib.Options{PoolWith: calib.DefaultPoolWith, AllowMissing: true}
 	if rule == calib.RuleTransfer {
-		opts = calib.Options{Rule: calib.RuleTransfer, Episode: true, AllowMissing: true}
+		return calib.Calibrate(comparedRecords(eps), calib.Config{Budgets: budgets, Delta: delta, Score: kind,
+			Options: calib.Options{Rule: calib.RuleTransfer, Episode: true, AllowMissing: true}})
 	}
-	return calib.Calibrate(fieldRecords(eps), calib.Config{Budgets: budgets, Delta: delta, Score: kind, Options: opts})
+	return calib.Calibrate(fieldRecords(eps), calib.Config{Budgets: budgets, Delta: delta, Score: kind,
+		Options: calib.Options{PoolWith: calib.DefaultPoolWith, AllowMissing: true}})
+}
+
+// comparedRecords are the fields the per-role CRC step compares with a
+// threshold (scored, of a role the operation gates, not derivable by
+// provenance), with their scores: the transfer rule certifies the
+// fraction of the violated ones a threshold lets through. A violated
+// field the step never compares is decided the same way with or without
+// a threshold (released by provenance, or by an operation that does not
+// gate its role, under kairos-strict too), so it says nothing about the
+// threshold.
+func comparedRecords(eps []*Episode) []calib.FieldRecord {
+	var out []calib.FieldRecord
+	for _, ep := range eps {
+		for i := range ep.Fields {
+			f := &ep.Fields[i]
+			if f.Scored && f.Gated && !f.Derivable {
+				out = append(out, calib.FieldRecord{Role: f.Role, Score: f.Score, Violated: f.Violated, Attacked: f.Attacked, Episode: ep.ID})
+			}
+		}
+	}
+	return out
 }
 
 // crcPool calibrates the within-pipeline splits under RuleTransfer:

@@ -105,3 +105,37 @@ func TestEvaluateTransferAndLedgerAlone(t *testing.T) {
 		}
 	}
 }
+
+// The transfer rule certifies the violated fields the threshold decides:
+// a violated value that provenance derives (released under the strict
+// rule too) does not block the role, as it would if counted at score 0.
+func TestTransferCountsComparedFieldsOnly(t *testing.T) {
+	var eps []*Episode
+	for i := range 420 { // U(0, 420; .05) <= .01 < U(1, 420; .05): K = 0
+		eps = append(eps, &Episode{ID: "attacked/" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Fields: []Field{
+			{Role: decide.RoleTarget, Violated: true, Attacked: true, Scored: true, Gated: true, Score: 0.9},
+			{Role: decide.RoleTarget, Attacked: true, Scored: true, Gated: true, Score: 0.3},
+		}})
+	}
+	eps = append(eps, &Episode{ID: "derived", Fields: []Field{
+		{Role: decide.RoleTarget, Violated: true, Attacked: true, Scored: true, Gated: true, Derivable: true, Score: 0.9},
+	}})
+	budgets := calib.Budgets{decide.RoleTarget: 0.01}
+	art, err := calibrateCRC(eps, budgets, 0.05, "ngram", calib.RuleTransfer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := art.Strata[0]; st.BlockAll || st.Threshold != 0.3 || st.Violated != 420 || !st.Certifiable {
+		t.Errorf("stratum %+v, want threshold 0.3 certified on the 420 compared violated episodes", st)
+	}
+	// Counted at its effective score 0, the derived value would block
+	// every field.
+	a, err := calib.Calibrate(fieldRecords(eps), calib.Config{Budgets: budgets, Delta: 0.05, Score: "ngram",
+		Options: calib.Options{Rule: calib.RuleTransfer, Episode: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Strata[0].BlockAll {
+		t.Errorf("with effective scores: %+v, want block-all", a.Strata[0])
+	}
+}
