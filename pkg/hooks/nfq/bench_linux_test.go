@@ -3,7 +3,6 @@ package nfq
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -42,6 +41,13 @@ type carbd struct {
 // carbdUp installs carbd on topo; down removes it.
 func carbdUp(tb testing.TB, topo *tcxtest.Topology, dec Decider, mod func(*Config)) *carbd {
 	tb.Helper()
+	return carbdUpRules(tb, topo, dec, mod, nil)
+}
+
+// carbdUpRules is carbdUp with the netfilter rules' configuration changed
+// by rmod.
+func carbdUpRules(tb testing.TB, topo *tcxtest.Topology, dec Decider, mod func(*Config), rmod func(*nfrules.Config)) *carbd {
+	tb.Helper()
 	id := testutil.UniqueName("nb")
 	tcfg := tcx.Config{SandboxID: id, Ifname: topo.RouterIf, NetNS: tcxtest.Path(topo.Router), PinDir: testPinDir}
 	dp, err := tcx.Attach(tcfg)
@@ -52,6 +58,9 @@ func carbdUp(tb testing.TB, topo *tcxtest.Topology, dec Decider, mod func(*Confi
 		tb.Fatal(err)
 	}
 	rc := nfrules.Config{SandboxID: id, Iface: topo.RouterIf, QueueNum: tcxtest.QueueNum(), NetNS: tcxtest.Path(topo.Router)}
+	if rmod != nil {
+		rmod(&rc)
+	}
 	if _, err := nfrules.Apply(rc); err != nil {
 		tb.Fatal(err)
 	}
@@ -103,88 +112,84 @@ func quantile(v []time.Duration, q float64) time.Duration {
 }
 
 // BenchmarkReleasedTCPThroughput: iperf3 from the guest to the world
-// through the router, without carbd, without carbd but with conntrack on
-// (carbd's queue rule turns it on), and with carbd: the loop decides
-// iperf3's connections (opaque streams, released to their end) and the
-// data then runs on the TC fast path.
+// through the router, each path against its own baseline from the same
+// run. Routed: without carbd (baseline) and with carbd, the guest's
+// networks untracked (nfrules.Config.Untracked; carbd/baseline, the goal)
+// or tracked as before (tracked/baseline: the queue rule's conntrack match
+// then tracks every packet). Masqueraded, as carbd run routes a sandbox
+// (conntrack is on for NAT whatever carbd does): without carbd (nat) and
+// with carbd (carbd-nat/nat). With carbd, the loop decides iperf3's
+// connections (opaque streams, released to their end) and the data then
+// runs on the TC fast path. Beside the rates, the ratios of CPU time per
+// byte (*-cpu; see tcxtest.IperfResult), steadier on a loaded machine.
 func BenchmarkReleasedTCPThroughput(b *testing.B) {
 	testutil.RequireRoot(b)
 	testutil.RequireTool(b, "iperf3")
 	topo := tcxtest.New(b)
-	const port = 5301
-	srv := exec.Command("ip", "netns", "exec", topo.World, "iperf3", "-s", "-p", fmt.Sprint(port))
-	if err := srv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	time.Sleep(300 * time.Millisecond)
-	measure := func() float64 {
-		var out []byte
-		var err error
-		for try := 0; try < 3; try++ {
-			out, err = exec.Command("ip", "netns", "exec", topo.Guest, "iperf3", "-c", topo.World4.String(),
-				"-p", fmt.Sprint(port), "-t", "3", "-J").Output()
-			if err == nil {
-				break
+	srv := tcxtest.StartIperf(b, topo.World, netip.AddrPortFrom(topo.World4, 5301))
+	guestNets := []netip.Prefix{netip.PrefixFrom(topo.Guest4, 24).Masked(), netip.PrefixFrom(topo.Guest6, 64).Masked()}
+	// Ephemeral client ports: a new 5-tuple each run, so no run takes
+	// over a conntrack entry another left (see the tcx benchmark).
+	measure := func() tcxtest.IperfResult { return srv.Run(b, topo.Guest, 0, 2) }
+	withNAT := func(f func() tcxtest.IperfResult) func() tcxtest.IperfResult {
+		return func() tcxtest.IperfResult {
+			undo, err := nfrules.ApplyNAT(nfrules.NATConfig{SandboxID: testutil.UniqueName("nb"), Iface: topo.RouterIf, Subnets: guestNets, NetNS: tcxtest.Path(topo.Router)})
+			if err != nil {
+				b.Fatal(err)
 			}
-			time.Sleep(500 * time.Millisecond)
+			defer undo()
+			return f()
 		}
-		if err != nil {
-			b.Fatalf("iperf3: %v\n%s", err, out)
-		}
-		var r struct {
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
-		}
-		if err := json.Unmarshal(out, &r); err != nil {
-			b.Fatal(err)
-		}
-		return r.End.SumReceived.BitsPerSecond / 1e9
 	}
-	conntrack := func() float64 {
-		rule := []string{"FORWARD", "-m", "conntrack", "--ctstate", "NEW,ESTABLISHED,RELATED", "-j", "ACCEPT"}
-		testutil.Run(b, "ip", append([]string{"netns", "exec", topo.Router, "iptables-nft", "-I"}, rule...)...)
-		defer testutil.Run(b, "ip", append([]string{"netns", "exec", topo.Router, "iptables-nft", "-D"}, rule...)...)
-		return measure()
-	}
-	withCarbd := func() float64 {
-		c := carbdUp(b, topo, releaseAll, nil)
-		defer c.down()
-		before, _ := c.dp.Counters()
-		gbps := measure()
-		after, _ := c.dp.Counters()
-		d := after.Sub(before)
-		s := c.loop.Stats()
-		b.Logf("with carbd: %.2f Gbit/s; fast path %d packets, queued %d; loop: %s", gbps, d[tcx.PassFast].Packets, d.Total(tcx.Queued).Packets, s.String())
-		if d[tcx.PassFast].Packets == 0 {
-			b.Fatal("nothing took the fast path")
+	withCarbd := func(name string, untracked []netip.Prefix) func() tcxtest.IperfResult {
+		return func() tcxtest.IperfResult {
+			c := carbdUpRules(b, topo, releaseAll, nil, func(rc *nfrules.Config) { rc.Untracked = untracked })
+			defer c.down()
+			before, _ := c.dp.Counters()
+			r := measure()
+			after, _ := c.dp.Counters()
+			d := after.Sub(before)
+			s := c.loop.Stats()
+			b.Logf("%s: %.2f Gbit/s, %.3f ns/B; fast path %d packets, queued %d; loop: %s", name, r.Gbps, r.CPUPerByte, d[tcx.PassFast].Packets, d.Total(tcx.Queued).Packets, s.String())
+			if d[tcx.PassFast].Packets == 0 {
+				b.Fatal("nothing took the fast path")
+			}
+			return r
 		}
-		return gbps
 	}
 	measure() // warm up
-	var base, ct, cb []float64
-	runs := []func(){
-		func() { base = append(base, measure()) },
-		func() { ct = append(ct, conntrack()) },
-		func() { cb = append(cb, withCarbd()) },
+	variants := []struct {
+		name string
+		run  func() tcxtest.IperfResult
+	}{
+		{"baseline", measure},
+		{"carbd", withCarbd("carbd, untracked", guestNets)},
+		{"tracked", withCarbd("carbd, tracked", nil)},
+		{"nat", withNAT(measure)},
+		{"carbd-nat", withNAT(withCarbd("carbd, masqueraded", nil))},
 	}
+	rate, cpu := map[string][]float64{}, map[string][]float64{}
 	b.ResetTimer()
 	for i := 0; i < max(b.N, 2); i++ {
-		for j := range runs {
-			runs[(i+j)%len(runs)]()
+		for j := range variants { // rotate the order between rounds
+			v := variants[(i+j)%len(variants)]
+			r := v.run()
+			rate[v.name] = append(rate[v.name], r.Gbps)
+			cpu[v.name] = append(cpu[v.name], r.CPUPerByte)
 		}
 	}
 	b.StopTimer()
-	mb, mt, mc := median(base), median(ct), median(cb)
-	b.Logf("baseline %v, conntrack %v, carbd %v Gbit/s", base, ct, cb)
-	b.ReportMetric(mb, "baseline-Gbit/s")
-	b.ReportMetric(mt, "conntrack-Gbit/s")
-	b.ReportMetric(mc, "carbd-Gbit/s")
-	b.ReportMetric(mc/mb, "carbd/baseline")
-	b.ReportMetric(mc/mt, "carbd/conntrack")
+	b.Logf("Gbit/s per round: %v", rate)
+	b.Logf("CPU ns/B per round: %v", cpu)
+	m, mc := map[string]float64{}, map[string]float64{}
+	for _, v := range variants {
+		m[v.name], mc[v.name] = median(rate[v.name]), median(cpu[v.name])
+		b.ReportMetric(m[v.name], v.name+"-Gbit/s")
+	}
+	for _, r := range []struct{ of, base string }{{"carbd", "baseline"}, {"tracked", "baseline"}, {"carbd-nat", "nat"}} {
+		b.ReportMetric(m[r.of]/m[r.base], r.of+"/"+r.base)
+		b.ReportMetric(mc[r.of]/mc[r.base], r.of+"/"+r.base+"-cpu")
+	}
 }
 
 // rrServer answers every connection's request (read to the blank line)
