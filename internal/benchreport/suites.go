@@ -31,6 +31,7 @@ var suites = []suite{
 		Bench: "Calibrate1M|Allowed|CalibrateLedger",
 		Goals: []goal{
 			{Name: "BenchmarkCalibrate1M/field", Metric: "ns/op", Text: "calibrating 1M fields < 1 s", OK: func(v float64) bool { return v < 1e9 }},
+			{Name: "BenchmarkCalibrate1M/transfer-episode", Metric: "ns/op", Text: "calibrating 1M fields by the transfer rule (episode units) < 1 s", OK: func(v float64) bool { return v < 1e9 }},
 		},
 	},
 	{

@@ -285,6 +285,7 @@ func BenchmarkCalibrate1M(b *testing.B) {
 		{"field", Options{PoolWith: DefaultPoolWith}},
 		{"field-cp", Options{PoolWith: DefaultPoolWith, Rule: RuleCP}},
 		{"episode", Options{PoolWith: DefaultPoolWith, Episode: true}},
+		{"transfer-episode", Options{Rule: RuleTransfer, Episode: true}},
 	} {
 		b.Run(opt.name, func(b *testing.B) {
 			c := cfg("target=0.01,credential=0.01,command=0.01", 0.05)
