@@ -74,6 +74,23 @@ var suites = []suite{
 		},
 	},
 	{
+		// Issue 9: the policy's intercept.pass (opaque pass-through) and
+		// the ClientHello read before every redirected connection.
+		Title: "TLS pass-through and ClientHello peek (pkg/hooks/intercept Front)",
+		Pkg:   "./pkg/hooks/intercept/",
+		Bench: "^BenchmarkFront$",
+		Goals: []goal{
+			{Name: "BenchmarkFront/download-pass", Metric: "pass/direct", Text: "download through an opaque pass-through vs direct TLS ≥ 0.9×", OK: func(v float64) bool { return v >= 0.9 }},
+			{Name: "BenchmarkFront/handshake", Metric: "front/proxy", Text: "new intercepted connections/s with the ClientHello peek vs without ≥ 0.95×", OK: func(v float64) bool { return v >= 0.95 }},
+		},
+	},
+	{
+		// The VM backends' control channel (issue 9: the env message).
+		Title: "Control channel (pkg/ctrl)",
+		Pkg:   "./pkg/ctrl/",
+		Bench: ".",
+	},
+	{
 		Title: "Packet parsing (pkg/hooks/netparse)",
 		Pkg:   "./pkg/hooks/netparse/",
 		Bench: ".",

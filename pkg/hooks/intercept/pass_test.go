@@ -35,7 +35,7 @@ type testFront struct {
 	passed  []string // Passed: "sni up down err"
 }
 
-func newTestFront(t *testing.T, tp *testProxy, dst netip.AddrPort, route func(h *Hello) Route, mod func(*FrontConfig)) *testFront {
+func newTestFront(t testing.TB, tp *testProxy, dst netip.AddrPort, route func(h *Hello) Route, mod func(*FrontConfig)) *testFront {
 	t.Helper()
 	tf := &testFront{}
 	cfg := FrontConfig{
