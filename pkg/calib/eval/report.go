@@ -641,12 +641,13 @@ func (p *PipelineReport) writeText(w io.Writer) error {
 	}
 	fmt.Fprintln(w, "\n   ledger gate (G-CARB ledger loss on the test half; λ̂ over splits; never = fraction of splits calibrated to never stop)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "method\tL̄\tI\tU\tCtxRed\texecuted-step rate\tλ̂ mean [p5, p95]\tnever")
+	fmt.Fprintln(tw, "method\tL̄\tI\tstopped attacked\tstopped benign\tU\tCtxRed\texecuted-step rate\tλ̂ mean [p5, p95]\tnever")
 	for _, lm := range ledgerMethods {
 		mn := MethodNames[lm.method]
 		g := func(k string) Stat { return p.Get(mn, "all", k) }
 		l := p.Calibration.Lambda[mn]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.3f [%.3f, %.3f]\t%.0f%%\n", mn, num(g("ledger_loss"), 4), num(g("intervention"), 3), num(g("autonomous_success"), 3),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f [%.3f, %.3f]\t%.0f%%\n", mn, num(g("ledger_loss"), 4), num(g("intervention"), 3),
+			num(g("stopped_attacked"), 3), num(g("stopped_benign"), 3), num(g("autonomous_success"), 3),
 			num(g("ctx_red"), 3), num(g("executed_step_rate"), 4), float64(l.Mean), float64(l.P05), float64(l.P95), 100*float64(p.Calibration.NeverStop[mn]))
 	}
 	if err := tw.Flush(); err != nil {
