@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carbd/carbd/pkg/daemon"
+	"github.com/carbd/carbd/pkg/decide"
 )
 
 func init() {
@@ -60,15 +61,14 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 		}
 		fmt.Fprintf(e.stdout, "\n%s #%d %s %s\n    %s\n    refused at %s unless answered\n[y/n/Y/N/s/q] ",
 			c.ID(), q.ID, q.Op, q.Obj, q.Justification, q.Deadline.Format("15:04:05"))
-		var ans string
-		select {
-		case <-ctx.Done():
+		ans, withdrawn, done := waitAnswer(ctx, c, q.ID, lines, *interval)
+		if done {
 			return nil
-		case l, more := <-lines:
-			if !more {
-				return nil
-			}
-			ans = l
+		}
+		if withdrawn != nil {
+			fmt.Fprintf(e.stdout, "\n%s #%d withdrawn at %s: its client is gone (%s); nothing was released\n",
+				c.ID(), q.ID, withdrawn.At.Local().Format("15:04:05"), withdrawn.Reason)
+			continue
 		}
 		req := daemon.Request{ID: q.ID, Justification: "answered with carbd watch"}
 		switch ans {
@@ -91,6 +91,32 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 			continue
 		}
 		fmt.Fprintf(e.stdout, "%s #%d %sd\n", c.ID(), q.ID, req.Cmd)
+	}
+}
+
+// waitAnswer waits for the answer to question id of c's sandbox, and
+// looks every interval whether the question was withdrawn meanwhile (no
+// client waits for it any more). done: stop watching.
+func waitAnswer(ctx context.Context, c daemon.Client, id uint64, lines <-chan string, interval time.Duration) (ans string, withdrawn *decide.Withdrawn, done bool) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return "", nil, true
+		case l, more := <-lines:
+			return l, nil, !more
+		case <-t.C:
+			resp, err := c.Do(daemon.Request{Cmd: "held"}, nil)
+			if err != nil {
+				continue // the next question's lookup reports it
+			}
+			for _, w := range resp.Withdrawn {
+				if w.ID == id {
+					return "", &w, false
+				}
+			}
+		}
 	}
 }
 

@@ -258,6 +258,11 @@ type daemon struct {
 	// (see stoppableOracle).
 	stopping context.Context
 	stop     context.CancelFunc
+	// exited is cancelled (decide.ErrClientGone) when the sandbox's
+	// command exits: no client waits for a network effect any more
+	// (sandboxExited).
+	exited       context.Context
+	exitedCancel context.CancelCauseFunc
 
 	viewMu    sync.Mutex    // guards the fields below
 	view      engineView    // the engine's state as of the latest refresh
@@ -296,6 +301,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		decisions: map[uint64]*decide.Decision{}, final: map[uint64]*decide.Decision{}, held: map[uint64]*decide.Decision{}}
 	d.stopping, d.stop = context.WithCancel(context.Background())
 	defer d.stop()
+	d.exited, d.exitedCancel = context.WithCancelCause(context.Background())
+	defer d.exitedCancel(nil)
 	// A failing component refuses every question to the oracle at once
 	// (as a stop does); the run loop then stops the sandbox.
 	d.sup = newSupervisor(d.log, func(*ComponentError) { d.stop() })
@@ -489,6 +496,7 @@ loop:
 	d.mu.Lock()
 	d.exiting = true
 	d.mu.Unlock()
+	d.sandboxExited()
 	// End of the task: a commit point proposes the staged changes nobody
 	// decided yet (after a restart: everything the crashed run left
 	// staged), the open scope resolves, and the last commit point commits

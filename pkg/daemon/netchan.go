@@ -40,6 +40,7 @@ type netChannel struct {
 	cap     *capture.Capture
 	resp    *respwatch.Watcher
 	icpt    *interceptor // nil: TLS stays opaque
+	clients *clientWatch // the clients of effects waiting (clients.go)
 	sb      *netns.Sandbox
 	// agentDir is the agent's control directory (task, notices).
 	agentDir string
@@ -111,6 +112,7 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 	}
 	nc := &netChannel{d: d, plan: plan, flows: newLRUTable[flowID, flowNote](maxFlowNotes, flowNoteIdle, nil),
 		bySeq: map[uint64]flowID{}, names: newLRUTable[netip.Addr, []string](maxNamedAddrs, nameIdle, nil)}
+	nc.clients = newClientWatch(nc)
 	defer func() {
 		if err != nil {
 			nc.close()
@@ -220,6 +222,8 @@ func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) err
 	nc.sb = sb
 	nc.closers = append(nc.closers, sb.Close)
 	d.sandbox = sb
+	nc.wg.Add(1)
+	go func() { defer nc.wg.Done(); nc.clients.run(lctx, sb.Pid()) }()
 	return nil
 }
 
@@ -266,7 +270,7 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	}
 	nc.resp = rw
 	loop, err := nfq.New(nfq.Config{QueueNum: nc.plan.Queue, MaxQueueLen: 4096, Decider: nc, Datapath: dp,
-		HoldTimeout: hold, DNSRefusal: true, Logger: d.log.With("channel", "net")})
+		HoldTimeout: hold, DNSRefusal: true, Logger: d.log.With("channel", "net"), ClientGone: d.clientGone})
 	if err != nil {
 		return err
 	}
@@ -396,8 +400,9 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 	if nc.icpt.handles(m.Flow.Dst, m.Flow.DstPort, m.Flow.Proto) {
 		return nfq.Outcome{Verdict: nfq.Release, Reason: "intercepted"}
 	}
-	if nc.icpt.refusesUDP(m, &ev) {
-		return nc.icpt.refuseUDP(m)
+	// carbd's own resolver traffic is never asked about (ownicmp.go).
+	if out, ok := nc.ownICMP(m, &ev); ok {
+		return out
 	}
 	// A name the guest gave (a Host header, an SNI) names the destination
 	// only if the sandbox's resolver answered it with this address: else
@@ -433,6 +438,8 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 		nc.d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", nc.d.engine.Policy().Redact(ev.Summary()), "err", err)
 		return nfq.Outcome{Verdict: nfq.Refuse, Reason: "tracing-sync"}
 	}
+	ctx, done := nc.whileClientWaits(ctx, m.Flow)
+	defer done()
 	res := nc.d.engine.Propose(ctx, ev)
 	dec := res.Decision
 	if cf := nc.d.sup.Err(); cf != nil {
@@ -454,6 +461,7 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 		out.Verdict = nfq.Release
 	case decide.Defer:
 		out.Verdict, out.Ticket = nfq.Hold, dec.Seq
+		nc.clients.watchHeld(dec.Seq, m.Flow)
 		nc.d.resolveSoon(dec.Scope)
 	default:
 		out.Verdict = nfq.Refuse

@@ -257,9 +257,62 @@ func (d *daemon) Answer(id uint64, release bool, justification, by string, forRu
 		v = decide.Release
 	}
 	if err := d.cfg.Operator.AnswerWith(decide.Answer{ID: id, Verdict: v, Justification: justification, By: by, ForRun: forRun}); err != nil {
+		if errors.Is(err, decide.ErrWithdrawn) {
+			return err // names the question
+		}
 		return fmt.Errorf("effect %d: %w", id, err)
 	}
 	return nil
+}
+
+// maxWithdrawnShown bounds the withdrawn questions a held request lists.
+const maxWithdrawnShown = 64
+
+// Withdrawn implements Operator: the questions withdrawn most recently
+// (their clients are gone), oldest first.
+func (d *daemon) Withdrawn() []decide.Withdrawn {
+	if d.cfg.Operator == nil {
+		return nil
+	}
+	w := d.cfg.Operator.Withdrawals(time.Time{})
+	if len(w) > maxWithdrawnShown {
+		w = w[len(w)-maxWithdrawnShown:]
+	}
+	return w
+}
+
+// clientGone is told by the verdict loop that nobody waits for the held
+// effect seq any more (its client reset or closed the connection, or
+// stopped retransmitting): the operator's question about it is
+// withdrawn once no other effect waits on it, and the effect is refused
+// (as withdrawn) when its scope resolves. Nothing is released.
+func (d *daemon) clientGone(seq uint64, reason string) {
+	if d.cfg.Operator != nil {
+		d.cfg.Operator.Withdraw(seq, reason)
+	}
+}
+
+// sandboxExited withdraws what only the sandbox's processes waited for:
+// a network effect being decided or held has no client any more. A
+// staged file change has no client: its question stays (the change is
+// committed or not when the run ends).
+func (d *daemon) sandboxExited() {
+	const why = "the sandbox exited"
+	d.exitedCancel(fmt.Errorf("%w: %s", decide.ErrClientGone, why))
+	if d.cfg.Operator == nil {
+		return
+	}
+	var gone []uint64
+	d.mu.Lock()
+	for seq, h := range d.held {
+		if h.Event != nil && h.Event.Ch == decide.ChanNet {
+			gone = append(gone, seq)
+		}
+	}
+	d.mu.Unlock()
+	for _, seq := range gone {
+		d.cfg.Operator.Withdraw(seq, why)
+	}
 }
 
 // AuditPcap implements Operator.

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/pkg/decide"
 )
 
 // The operator socket: one Unix socket per running sandbox, under the
@@ -39,6 +41,9 @@ type Response struct {
 	Error  string         `json:"error,omitempty"`
 	Status *SandboxStatus `json:"status,omitempty"`
 	Held   []HeldEffect   `json:"held,omitempty"`
+	// Withdrawn (with held) are the questions withdrawn most recently:
+	// no client waits for their answer any more.
+	Withdrawn []decide.Withdrawn `json:"withdrawn,omitempty"`
 	// Bytes of raw data (pcapng) that follow the response line.
 	Bytes int `json:"bytes,omitempty"`
 }
@@ -47,6 +52,8 @@ type Response struct {
 type Operator interface {
 	Status() SandboxStatus
 	Held() []HeldEffect
+	// Withdrawn lists the questions withdrawn most recently.
+	Withdrawn() []decide.Withdrawn
 	// Answer approves or denies a pending effect; by names who answered.
 	Answer(id uint64, release bool, justification, by string, forRun bool) error
 	AuditPcap(w io.Writer) error
@@ -115,7 +122,7 @@ func handleOperator(c *net.UnixConn, op Operator) {
 		st := op.Status()
 		_ = enc.Encode(Response{OK: true, Status: &st})
 	case "held":
-		_ = enc.Encode(Response{OK: true, Held: op.Held()})
+		_ = enc.Encode(Response{OK: true, Held: op.Held(), Withdrawn: op.Withdrawn()})
 	case "approve", "deny":
 		if err := op.Answer(req.ID, req.Cmd == "approve", req.Justification, fmt.Sprintf("uid %d", uid), req.ForRun); err != nil {
 			_ = enc.Encode(Response{Error: err.Error()})

@@ -38,6 +38,7 @@ const (
 	CodeOracleRefuse    = "oracle-refuse"      // the oracle refused a deferred effect
 	CodeOracleFailed    = "oracle-failed"      // the oracle failed (error, timeout, unparsable): refuse
 	CodeOracleUnanswerd = "oracle-no-answer"   // the oracle gave no decision for this effect: refuse
+	CodeOracleWithdrawn = "oracle-withdrawn"   // the question was withdrawn: nobody waits for the effect any more (refused)
 	CodeMalformed       = "malformed-event"    // the event itself is not decidable
 )
 

@@ -574,6 +574,14 @@ func (e *Engine) askOracleLocked(ctx context.Context, ds []*Decision) map[uint64
 		}
 		return out
 	}
+	if err != nil && clientGone(err) {
+		// Nobody waits for these effects any more: the oracle's
+		// question was withdrawn, not failed.
+		for _, d := range ds {
+			out[d.Seq] = finalAnswer{Verdict: Refuse, code: CodeOracleWithdrawn, justification: "the question was withdrawn (" + clip(err.Error(), 200) + "): refused"}
+		}
+		return out
+	}
 	if err != nil {
 		e.stats.OracleErr++
 		for _, d := range ds {
@@ -585,8 +593,10 @@ func (e *Engine) askOracleLocked(ctx context.Context, ds []*Decision) map[uint64
 		if _, asked := out[a.Seq]; !asked {
 			continue // the oracle may decide only what it was asked about
 		}
-		switch a.Verdict {
-		case Release:
+		switch {
+		case a.Withdrawn:
+			out[a.Seq] = finalAnswer{Verdict: Refuse, code: CodeOracleWithdrawn, justification: oneLine("oracle " + e.opt.Oracle.Name() + ": question " + a.Justification + ": refused")}
+		case a.Verdict == Release:
 			out[a.Seq] = finalAnswer{Verdict: Release, code: CodeOracleRelease, justification: oneLine("oracle " + e.opt.Oracle.Name() + " released: " + a.Justification)}
 		default:
 			out[a.Seq] = finalAnswer{Verdict: Refuse, code: CodeOracleRefuse, justification: oneLine("oracle " + e.opt.Oracle.Name() + " refused: " + a.Justification)}

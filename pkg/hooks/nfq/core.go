@@ -119,11 +119,14 @@ type earlyRes struct {
 const maxEarly = 4096
 
 type job struct {
-	w        *worker
-	id       uint64
-	meta     Meta
-	ev       decide.Event
-	deadline time.Time
+	w    *worker
+	id   uint64
+	meta Meta
+	ev   decide.Event
+	// ctx ends at the effect's hold deadline, or earlier when its client
+	// is gone (cancel, with decide.ErrClientGone as the cause).
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 type result struct {
@@ -229,9 +232,8 @@ func (c *core) decider() {
 }
 
 func (c *core) decide(j *job) {
-	ctx, cancel := context.WithDeadline(c.ctx, j.deadline)
-	out, err := c.safeDecide(ctx, j)
-	cancel()
+	out, err := c.safeDecide(j.ctx, j)
+	j.cancel(nil)
 	r := result{id: j.id, verdict: out.Verdict}
 	switch {
 	case err != nil:
@@ -426,6 +428,10 @@ type effect struct {
 	headOnly    bool      // an HTTP head whose body follows as other effects
 	part        bool      // a part of a body, made by the loop (see PartAfter)
 	submitted   time.Time // when it went to the decider
+	// cancel ends the context of the effect's decision (see clientGone);
+	// gone: its client was found gone already.
+	cancel context.CancelCauseFunc
+	gone   bool
 }
 
 const tickEvery = 50 * time.Millisecond
@@ -736,11 +742,19 @@ func (w *worker) handleTCP(p *packet, pkt *netparse.Packet, f *flowState, res *n
 	if syn && f.synSeen && f.isn != pkt.Seq {
 		// A new connection on the same ports: whatever was held for the
 		// old one will never be wanted.
+		w.clientGone(f, "the guest opened a new connection on the same ports")
 		w.forgetFlow(f, DropStale)
 		f = w.flow(f.key, p.time)
 	}
 	if syn {
 		f.synSeen, f.isn = true, pkt.Seq
+	}
+	if pkt.Flags&netparse.FlagFIN != 0 {
+		// The guest closed the connection with a request still waiting
+		// for its decision: its client gave up (the rare client that
+		// half-closes after its request loses it too: refused, fail
+		// closed). The decision is refused; the flow with it.
+		w.clientGone(f, "the guest closed the connection")
 	}
 	seq := pkt.Seq
 	if syn {
@@ -771,6 +785,7 @@ func (w *worker) handleTCP(p *packet, pkt *netparse.Packet, f *flowState, res *n
 		if pkt.Flags&netparse.FlagRST != 0 {
 			// The guest reset the connection: what it held is moot.
 			w.accept(p, AcceptControl)
+			w.clientGone(f, "the guest reset the connection")
 			w.forgetFlow(f, DropStale)
 			return
 		}
@@ -869,9 +884,13 @@ func (w *worker) submit(e *effect, m Meta) {
 	if m.Time.IsZero() {
 		m.Time = now
 	}
+	dctx, cancelDeadline := context.WithDeadline(w.c.ctx, e.deadline)
+	ctx, cancel := context.WithCancelCause(dctx)
+	e.cancel = func(cause error) { cancel(cause); cancelDeadline() }
 	select {
-	case w.c.jobs <- &job{w: w, id: e.id, meta: m, ev: *e.ev, deadline: e.deadline}:
+	case w.c.jobs <- &job{w: w, id: e.id, meta: m, ev: *e.ev, ctx: ctx, cancel: e.cancel}:
 	default:
+		e.cancel(nil)
 		w.finish(e, Refuse, DropOverload)
 	}
 }
@@ -1191,8 +1210,49 @@ func (w *worker) forgetFlow(f *flowState, r Reason) {
 	delete(w.flows, f.key)
 }
 
+// clientGone tells the decisions of a flow's effects still undecided
+// that nobody waits for them any more.
+func (w *worker) clientGone(f *flowState, reason string) {
+	for _, e := range f.pending {
+		w.effectGone(e, reason)
+	}
+}
+
+// effectGone: nobody waits for e any more. A decision in progress ends
+// (its context's cause is decide.ErrClientGone); a held one is reported
+// to Config.ClientGone. Either way the verdict comes as usual (refused).
+func (w *worker) effectGone(e *effect, reason string) {
+	if e.gone || e.verdict != 0 {
+		return
+	}
+	e.gone = true
+	if e.cancel != nil {
+		e.cancel(fmt.Errorf("%w: %s", decide.ErrClientGone, reason))
+	}
+	if e.ticket != 0 && w.c.cfg.ClientGone != nil {
+		w.c.cfg.ClientGone(e.ticket, reason)
+	}
+}
+
+// dnsClientsGone gives up the undecided DNS queries of flows whose
+// client sent nothing for DNSClientWindow.
+func (w *worker) dnsClientsGone(now time.Time) {
+	for _, q := range w.dgq {
+		last := q[len(q)-1]
+		if len(last.packets) == 0 || now.Sub(last.packets[len(last.packets)-1].time) < w.c.cfg.DNSClientWindow {
+			continue
+		}
+		for _, e := range q {
+			if e.ev != nil && e.ev.Op == "dns:query" {
+				w.effectGone(e, fmt.Sprintf("the client stopped retransmitting the query for %s", w.c.cfg.DNSClientWindow))
+			}
+		}
+	}
+}
+
 // tick expires what waited too long.
 func (w *worker) tick(now time.Time) {
+	w.dnsClientsGone(now)
 	if now.Sub(w.expired) >= 100*time.Millisecond {
 		w.expired = now
 		res := w.parser.Expire(w.expireClock(now))

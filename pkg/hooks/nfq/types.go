@@ -225,7 +225,23 @@ type Config struct {
 	// Logger gets warnings (verdict send failures, receive errors, worker
 	// panics). Nil: discarded.
 	Logger *slog.Logger
+	// ClientGone, when set, is told when nobody waits for a held effect
+	// (Outcome.Ticket) any more: its client reset or closed the
+	// connection, or replaced it, or a DNS query's client stopped
+	// retransmitting (DNSClientWindow). An effect still being decided
+	// learns it from its context instead: it ends with
+	// decide.ErrClientGone as its cause. Called from a worker: it must
+	// not block. The effect's packets stay held until its verdict.
+	ClientGone func(ticket uint64, reason string)
+	// DNSClientWindow: a DNS query over UDP still undecided whose client
+	// sent nothing on its flow (no retransmission) for this long is
+	// given up as above. Default 11 s: a stub resolver retransmits
+	// within 5 s (glibc's timeout) and gives up after its attempts.
+	DNSClientWindow time.Duration
 }
+
+// DefaultDNSClientWindow is Config.DNSClientWindow's default.
+const DefaultDNSClientWindow = 11 * time.Second
 
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("nfq: invalid config")
@@ -310,6 +326,9 @@ func (c Config) withDefaults(numCPU int) (Config, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.DNSClientWindow <= 0 {
+		c.DNSClientWindow = DefaultDNSClientWindow
 	}
 	return c, nil
 }
