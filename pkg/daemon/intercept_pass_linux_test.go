@@ -59,15 +59,16 @@ func (pw *passWorld) datagrams() []string {
 	return append([]string(nil), pw.udp...)
 }
 
-func servePassWorld(t *testing.T, w *world, files string) *passWorld {
+func servePassWorld(t *testing.T, w *world, files string, also ...netip.Addr) *passWorld {
 	t.Helper()
 	ca := newTestCA(t, "carbd pass test world CA")
-	leaf := ca.leaf(t, "api.example.com", "pinned.example", "refuser.example")
+	leaf := ca.leaf(t, "api.example.com", "api6.example.com", "pinned.example", "refuser.example")
 	pw := &passWorld{caFile: filepath.Join(files, "pass-world-ca.pem")}
 	if err := os.WriteFile(pw.caFile, ca.pem, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, port := range []uint16{443, 8443} {
+	for _, ap := range listenAddrs(append([]netip.Addr{w.addr}, also...), 443, 8443) {
+		port := ap.Port()
 		srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)
 			pw.mu.Lock()
@@ -75,12 +76,12 @@ func servePassWorld(t *testing.T, w *world, files string) *passWorld {
 			pw.mu.Unlock()
 			fmt.Fprintf(rw, "world %d %s\n", port, r.URL.Path)
 		}), TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf}}}
-		l := listenIn(t, w.ns, "tcp", netip.AddrPortFrom(w.addr, port).String())
+		l := listenIn(t, w.ns, "tcp", ap.String())
 		go srv.ServeTLS(l, "", "")
 		t.Cleanup(func() { srv.Close() })
 		var pc net.PacketConn
 		if err := netnsx.DoNamed(w.ns, func() (err error) {
-			pc, err = net.ListenPacket("udp", netip.AddrPortFrom(w.addr, port).String())
+			pc, err = net.ListenPacket("udp", ap.String())
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -102,6 +103,17 @@ func servePassWorld(t *testing.T, w *world, files string) *passWorld {
 	return pw
 }
 
+// listenAddrs are the addresses with each port.
+func listenAddrs(addrs []netip.Addr, ports ...uint16) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, a := range addrs {
+		for _, p := range ports {
+			out = append(out, netip.AddrPortFrom(a, p))
+		}
+	}
+	return out
+}
+
 // passScript is the agent. Each line it prints is "NAME RESULT".
 const passScript = `set -u
 WCA=$FILES/pass-world-ca.pem
@@ -111,8 +123,9 @@ c() { n=$1; shift; echo "$n $(curl -sS -m 20 -o /tmp/b -w '%{http_code}' "$@" 2>
 c pass --cacert $WCA https://pinned.example/pass
 # Intercepted: carbd's CA (the bundle carbd injects).
 c intercepted https://api.example.com/intercepted
-# An extra TLS port of the policy's intercept.ports.
+# An extra TLS port of the policy's intercept.ports, IPv4 and IPv6.
 c extra https://api.example.com:8443/extra
+c extra6 -6 https://api6.example.com:8443/extra6
 # A client that refuses carbd's CA: closed; then (on_refused_ca: pass)
 # the same server name passes through opaque.
 c refuser1 --cacert $WCA https://refuser.example/first
@@ -121,7 +134,7 @@ c refuser2 --cacert $WCA https://refuser.example/second
 python3 -c '
 import socket
 for port in (443, 8443):
-    for fam, host in ((socket.AF_INET, "api.example.com"),):
+    for fam, host in ((socket.AF_INET, "api.example.com"), (socket.AF_INET6, "api6.example.com")):
         s = socket.socket(fam, socket.SOCK_DGRAM)
         s.sendto(b"\xc3\x00\x00\x00\x01" + bytes(1200), (host, port))
 print("udp sent")'
@@ -150,8 +163,9 @@ func TestInterceptPolicySection(t *testing.T) {
 	testutil.RequireTool(t, "curl")
 	testutil.RequireTool(t, "python3")
 	w := newWorld(t, 143)
+	w6 := worldIPv6(t, w, 143)
 	files := visibleDir(t)
-	pw := servePassWorld(t, w, files)
+	pw := servePassWorld(t, w, files, w6)
 	work := secretWorkdir(t)
 	p, err := decide.ParsePolicy("intercept-pass.yaml", []byte(interceptPassPolicy))
 	if err != nil {
@@ -164,7 +178,7 @@ func TestInterceptPolicySection(t *testing.T) {
 	_, err = Run(ctx, Config{ID: id, StateDir: state, Policy: p, PolicyPath: "intercept-pass.yaml",
 		Workdir: work, Task: "Fetch https://api.example.com and https://pinned.example", Argv: []string{"/bin/sh", "-c", passScript},
 		UID: sandboxUID, GID: sandboxUID, Env: []string{"FILES=" + files},
-		Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}, "pinned.example": {w.addr}, "refuser.example": {w.addr}},
+		Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}, "api6.example.com": {w6}, "pinned.example": {w.addr}, "refuser.example": {w.addr}},
 		HoldTimeout: 3 * time.Second, Stdout: out, Stderr: out,
 		Intercept: InterceptConfig{CADir: t.TempDir(), UpstreamCAs: []string{pw.caFile}}})
 	if err != nil {
@@ -192,6 +206,7 @@ func TestInterceptPolicySection(t *testing.T) {
 		"pass":        "200 world 443 /pass",
 		"intercepted": "200 world 443 /intercepted",
 		"extra":       "200 world 8443 /extra",
+		"extra6":      "200 world 8443 /extra6",
 		"refuser2":    "200 world 443 /second",
 		"ka1":         "200 world 443 /ka1",
 	} {
@@ -300,7 +315,7 @@ func TestInterceptPolicySection(t *testing.T) {
 	if strings.Join(passConnects, ",") != strings.Join(want, ",") {
 		t.Errorf("the pass connections' decisions %q, want %q", passConnects, want)
 	}
-	if extraGets == 0 {
-		t.Errorf("no http record of the request on port 8443")
+	if extraGets != 2 {
+		t.Errorf("%d http records of requests on port 8443, want 2 (IPv4 and IPv6)", extraGets)
 	}
 }

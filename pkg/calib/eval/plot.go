@@ -40,6 +40,7 @@ var plotMethods = []struct {
 	{"aggregate-crc", color.RGBA{R: 30, G: 100, B: 200, A: 255}},
 	{"carbd-crc", color.RGBA{R: 150, G: 60, B: 170, A: 255}},
 	{"carbd", color.RGBA{R: 0, G: 140, B: 70, A: 255}},
+	{"ledger-alone", color.RGBA{R: 160, G: 110, B: 40, A: 255}},
 }
 
 var plotGoalColor = color.RGBA{R: 200, G: 30, B: 30, A: 255}
@@ -61,6 +62,7 @@ var plotCurves = []struct {
 	{SweepCRC, "aggregate-crc", false},
 	{SweepCRC, "carbd", false},
 	{SweepLedger, "carbd", true},
+	{SweepLedger, "ledger-alone", true},
 }
 
 // symlog is the x axis' scale: linear from 0 to plotLinear, logarithmic
