@@ -45,3 +45,23 @@ func BenchmarkConnRoundTrip(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEnvRoundTrip encodes and decodes an env message of 16
+// variables with 64-byte values (an agent's keys and settings), the
+// once-per-run cost of --env on a VM backend.
+func BenchmarkEnvRoundTrip(b *testing.B) {
+	vars := make([]string, 16)
+	for i := range vars {
+		vars[i] = "AGENT_VAR_" + string(rune('A'+i)) + "=" + string(bytes.Repeat([]byte{'v'}, 64))
+	}
+	m := &Env{Vars: vars}
+	for b.Loop() {
+		line, err := Encode(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := Decode(line[:len(line)-1]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

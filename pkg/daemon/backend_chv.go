@@ -56,7 +56,7 @@ func (chvLauncher) launch(ctx context.Context, s *vmSpec) (hypervisor, error) {
 		CPUs:      s.cfg.CPUs,
 		MemoryMiB: s.cfg.MemoryMiB,
 		Net: &chv.Net{Tap: s.tap, Addr: p.GuestAddr4,
-			Gateway: p.HostAddr4.Addr(), DNS: p.HostAddr4.Addr()},
+			Gateway: p.HostAddr4.Addr(), DNS: p.HostAddr4.Addr(), Addr6: p.GuestAddr6, Gateway6: p.HostAddr6.Addr()},
 		FS:        &chv.FS{Socket: s.vfsSock, Tag: vmFSTag, MountPoint: s.workdir},
 		Vsock:     chv.Vsock{CID: chvCID, Socket: filepath.Join(s.dir, "vsock.sock"), Port: chv.DefaultCtrlPort},
 		SerialLog: s.console,

@@ -39,7 +39,7 @@ func (qemuLauncher) launch(ctx context.Context, s *vmSpec) (hypervisor, error) {
 		Kernel:    s.image.Kernel,
 		Initrd:    s.initrd,
 		Net: &qemu.Net{Tap: s.tap, Addr: p.GuestAddr4, Gateway: p.HostAddr4.Addr(),
-			DNS: p.HostAddr4.Addr()},
+			DNS: p.HostAddr4.Addr(), Addr6: p.GuestAddr6, Gateway6: p.HostAddr6.Addr()},
 		FS:         &qemu.FS{Socket: s.vfsSock, Tag: vmFSTag, MountPoint: s.workdir},
 		CtrlSocket: filepath.Join(s.dir, "ctl.sock"),
 		QMPSocket:  filepath.Join(s.dir, "qmp.sock"),

@@ -264,7 +264,7 @@ func startVM(ctx, lctx context.Context, nc *netChannel, tcfg tcx.Config, l launc
 	// The tap, down until the TC program, the queue rules, the verdict
 	// loop, the resolver on the host address, the capture and
 	// masquerading are on it.
-	tap, err := qemu.CreateTapDown(spec.tap, nc.plan.HostAddr4)
+	tap, err := qemu.CreateTapDown(spec.tap, nc.plan.HostAddr4, nc.plan.HostAddr6)
 	if err != nil {
 		return fmt.Errorf("%s backend: %w", backend, err)
 	}

@@ -458,7 +458,7 @@ func (r *chvRun) wantArgv() []string {
 		"--kernel", r.imgDir + "/vmlinux",
 		"--initramfs", d + "/initrd.img", // the per-boot initramfs with the CA
 		"--cmdline", "console=ttyS0 panic=-1 quiet carbd.ip=" + p.GuestAddr4.String() + " carbd.gw=" + p.HostAddr4.Addr().String() +
-			" carbd.dns=" + p.HostAddr4.Addr().String() + " carbd.fs=work carbd.fsdir=" + r.work + " carbd.vsock=1024",
+			" carbd.dns=" + p.HostAddr4.Addr().String() + " carbd.ip6=" + p.GuestAddr6.String() + " carbd.gw6=" + p.HostAddr6.Addr().String() + " carbd.fs=work carbd.fsdir=" + r.work + " carbd.vsock=1024",
 		"--cpus", "boot=1",
 		"--memory", "size=512M,shared=on",
 		"--net", "tap=cbh-" + r.id + ",mac=52:54:00:ca:4b:01",
@@ -1100,13 +1100,15 @@ func vmLogLevel() slog.Level {
 // installs). The key is bound to api.example.com: there it is released
 // (the world sees it), sent to api6.example.com it is refused with a 403
 // and never reaches the world, while a clean request to
-// api6.example.com is released. Neither ps (/proc/*/cmdline) nor any
+// api6.example.com is released; the same over IPv6 (the guest's IPv6
+// address on the tap, the ip6 redirect). Neither ps (/proc/*/cmdline) nor any
 // process's environment on the host, nor carbd's log, the guest's
 // console or the audit, ever holds the value.
 func TestRunQEMUIntercept(t *testing.T) {
 	img := requireQEMU(t)
 	w := newWorld(t, 124)
-	tw := serveTLSWorld(t, w, t.TempDir())
+	w6 := worldIPv6(t, w, 124)
+	tw := serveTLSWorld(t, w, t.TempDir(), w6)
 	const key = "sk-vmtest-7f3a9c2e5b1d4086af31"
 	p, err := decide.ParsePolicy("intercept.yaml", []byte(interceptPolicy))
 	if err != nil {
@@ -1162,11 +1164,13 @@ echo "bundle=$(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt)"
 curl -sS -m 60 -H "Authorization: Bearer $API_KEY" -w ' code=%{http_code}\n' https://api.example.com/with-key; echo "withkey=$?"
 curl -sS -m 60 -w ' code=%{http_code}\n' https://api6.example.com/clean; echo "clean=$?"
 curl -sS -m 60 -H "Authorization: Bearer $API_KEY" -w ' code=%{http_code}\n' https://api6.example.com/leak; echo "leak=$?"
+curl -6 -sS -m 60 -w ' code=%{http_code} ip=%{remote_ip}\n' https://api6.example.com/clean6; echo "clean6=$?"
+curl -6 -sS -m 60 -H "Authorization: Bearer $API_KEY" -w ' code=%{http_code}\n' https://api6.example.com/leak6; echo "leak6=$?"
 exit 0`
 	r := runQEMUWith(t, img, w, workdir(t), nil, script, "", nil, func(c *Config) {
 		c.Policy, c.PolicyPath = p, "intercept.yaml"
 		c.Task = "Fetch https://api.example.com/with-key"
-		c.Hosts = map[string][]netip.Addr{"api.example.com": {w.addr}, "api6.example.com": {w.addr}}
+		c.Hosts = map[string][]netip.Addr{"api.example.com": {w.addr}, "api6.example.com": {w.addr, w6}}
 		c.Env = []string{"API_KEY=" + key}
 		c.Intercept.UpstreamCAs = []string{tw.caFile}
 	})
@@ -1184,21 +1188,26 @@ exit 0`
 	if !strings.Contains(agent, "ok /with-key\n code=200") || !strings.Contains(agent, "ok /clean\n code=200") {
 		t.Errorf("the released requests were not answered by the world")
 	}
-	if !strings.Contains(agent, "carbd: request refused") || !strings.Contains(agent, "code=403") || strings.Contains(agent, "ok /leak") {
-		t.Errorf("the key sent to api6.example.com was not refused with carbd's 403")
+	if !strings.Contains(agent, "carbd: request refused") || strings.Count(agent, "code=403") != 2 || strings.Contains(agent, "ok /leak") {
+		t.Errorf("the key sent to api6.example.com (over IPv4 and IPv6) was not refused with carbd's 403 both times")
+	}
+	// IPv6: the guest's address on the tap, the ip6 redirect.
+	if !strings.Contains(agent, "ok /clean6\n code=200 ip="+w6.String()) {
+		t.Errorf("the clean request over IPv6 was not answered by the world")
 	}
 	reqs := tw.requests()
 	t.Logf("the world saw:\n%s", strings.Join(reqs, "\n"))
-	var withKey, clean bool
+	var withKey, clean, clean6 bool
 	for _, q := range reqs {
 		withKey = withKey || strings.HasPrefix(q, "api.example.com GET /with-key ") && strings.Contains(q, "Bearer "+key)
 		clean = clean || strings.HasPrefix(q, "api6.example.com GET /clean ")
+		clean6 = clean6 || strings.HasPrefix(q, "api6.example.com GET /clean6 ")
 		if strings.Contains(q, "/leak") {
 			t.Errorf("the world saw the refused request: %q", q)
 		}
 	}
-	if !withKey || !clean {
-		t.Errorf("the world did not see the released requests (with the key to its party: %v, clean: %v)", withKey, clean)
+	if !withKey || !clean || !clean6 {
+		t.Errorf("the world did not see the released requests (with the key to its party: %v, clean: %v, clean over IPv6: %v)", withKey, clean, clean6)
 	}
 
 	scan.Lock()

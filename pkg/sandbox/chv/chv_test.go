@@ -98,17 +98,22 @@ func TestArgsGoldenNoFS(t *testing.T) {
 
 func TestValidateRejects(t *testing.T) {
 	for name, mut := range map[string]func(*Config){
-		"no api socket":      func(c *Config) { c.APISocket = "" },
-		"comma in socket":    func(c *Config) { c.APISocket = "/a,b" },
-		"relative kernel":    func(c *Config) { c.Kernel = "vmlinux" },
-		"no initramfs":       func(c *Config) { c.Initramfs = "" },
-		"no vsock":           func(c *Config) { c.Vsock = Vsock{} },
-		"reserved cid":       func(c *Config) { c.Vsock.CID = 2 },
-		"no serial log":      func(c *Config) { c.SerialLog = "" },
-		"memory":             func(c *Config) { c.MemoryMiB = 8 },
-		"cpus":               func(c *Config) { c.CPUs = 300 },
-		"tap":                func(c *Config) { c.Net.Tap = "" },
-		"no guest addr":      func(c *Config) { c.Net.Addr = netip.Prefix{} },
+		"no api socket":   func(c *Config) { c.APISocket = "" },
+		"comma in socket": func(c *Config) { c.APISocket = "/a,b" },
+		"relative kernel": func(c *Config) { c.Kernel = "vmlinux" },
+		"no initramfs":    func(c *Config) { c.Initramfs = "" },
+		"no vsock":        func(c *Config) { c.Vsock = Vsock{} },
+		"reserved cid":    func(c *Config) { c.Vsock.CID = 2 },
+		"no serial log":   func(c *Config) { c.SerialLog = "" },
+		"memory":          func(c *Config) { c.MemoryMiB = 8 },
+		"cpus":            func(c *Config) { c.CPUs = 300 },
+		"tap":             func(c *Config) { c.Net.Tap = "" },
+		"no guest addr":   func(c *Config) { c.Net.Addr = netip.Prefix{} },
+		"ipv4 as ip6":     func(c *Config) { c.Net.Addr6 = netip.MustParsePrefix("10.0.0.2/30") },
+		"gw6 without ip6": func(c *Config) { c.Net.Gateway6 = netip.MustParseAddr("fd00::1") },
+		"ipv4 gw6": func(c *Config) {
+			c.Net.Addr6, c.Net.Gateway6 = netip.MustParsePrefix("fd00::2/64"), netip.MustParseAddr("10.0.0.1")
+		},
 		"fs socket":          func(c *Config) { c.FS.Socket = "rel" },
 		"fs tag":             func(c *Config) { c.FS.Tag = "a=b" },
 		"kernel param space": func(c *Config) { c.ExtraCmdline = []string{"a b"} },
@@ -563,5 +568,21 @@ func TestClientStatusCodes(t *testing.T) {
 				t.Errorf("%d %s: %v is also %v", tc.status, tc.body, err, other)
 			}
 		}
+	}
+}
+
+// TestCmdlineIPv6: the guest's IPv6 address and route go to /init as
+// carbd.ip6 and carbd.gw6, after the IPv4 parameters.
+func TestCmdlineIPv6(t *testing.T) {
+	c := fullConfig()
+	n := *c.Net
+	n.Addr6, n.Gateway6 = netip.MustParsePrefix("fd00:cb:0:7::2/64"), netip.MustParseAddr("fd00:cb:0:7::1")
+	c.Net = &n
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(c.Cmdline(), " ")
+	if !strings.Contains(got, " carbd.ip6=fd00:cb:0:7::2/64 carbd.gw6=fd00:cb:0:7::1 ") {
+		t.Errorf("cmdline %q lacks carbd.ip6 and carbd.gw6", got)
 	}
 }

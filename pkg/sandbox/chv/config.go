@@ -75,6 +75,11 @@ type Net struct {
 	Addr    netip.Prefix
 	Gateway netip.Addr
 	DNS     netip.Addr
+	// Addr6 and Gateway6 are the guest's IPv6 address with its prefix
+	// and default route (carbd.ip6, carbd.gw6); invalid means none, and
+	// the guest keeps IPv6 off.
+	Addr6    netip.Prefix
+	Gateway6 netip.Addr
 }
 
 // FS is a virtio-fs export (--fs tag=,socket=).
@@ -175,6 +180,12 @@ func (c Config) Validate() error {
 		if n.Gateway.IsValid() && !n.Gateway.Is4() {
 			return fmt.Errorf("chv: config: gateway %v is not IPv4", n.Gateway)
 		}
+		if n.Addr6.IsValid() && (!n.Addr6.Addr().Is6() || n.Addr6.Addr().Is4In6()) {
+			return fmt.Errorf("chv: config: guest address %v is not an IPv6 prefix", n.Addr6)
+		}
+		if n.Gateway6.IsValid() && (!n.Gateway6.Is6() || n.Gateway6.Is4In6() || !n.Addr6.IsValid()) {
+			return fmt.Errorf("chv: config: IPv6 gateway %v is not IPv6 or comes without a guest IPv6 address", n.Gateway6)
+		}
 	}
 	if f := c.FS; f != nil {
 		if err := optPath("virtiofsd socket", f.Socket); err != nil {
@@ -211,6 +222,12 @@ func (c Config) Cmdline() []string {
 		}
 		if n.DNS.IsValid() {
 			p = append(p, "carbd.dns="+n.DNS.String())
+		}
+		if n.Addr6.IsValid() {
+			p = append(p, "carbd.ip6="+n.Addr6.String())
+		}
+		if n.Gateway6.IsValid() {
+			p = append(p, "carbd.gw6="+n.Gateway6.String())
 		}
 	}
 	if f := c.FS; f != nil {

@@ -138,23 +138,28 @@ func TestArgsMinimal(t *testing.T) {
 
 func TestValidateRejects(t *testing.T) {
 	for name, mut := range map[string]func(*Config){
-		"no accel":          func(c *Config) { c.Accel = "" },
-		"bad accel":         func(c *Config) { c.Accel = "hvf" },
-		"bad machine":       func(c *Config) { c.Machine = "pc" },
-		"relative kernel":   func(c *Config) { c.Kernel = "vmlinuz" },
-		"no initrd":         func(c *Config) { c.Initrd = "" },
-		"no ctrl socket":    func(c *Config) { c.CtrlSocket = "" },
-		"comma in socket":   func(c *Config) { c.CtrlSocket = "/a,b" },
-		"no console log":    func(c *Config) { c.ConsoleLog = "" },
-		"cpus":              func(c *Config) { c.CPUs = -1 },
-		"memory":            func(c *Config) { c.MemoryMiB = 16 },
-		"tap name":          func(c *Config) { c.Net.Tap = "a,b" },
-		"long tap name":     func(c *Config) { c.Net.Tap = "abcdefghijklmnop" },
-		"multicast mac":     func(c *Config) { c.Net.MAC = net.HardwareAddr{1, 0, 0, 0, 0, 1} },
-		"short mac":         func(c *Config) { c.Net.MAC = net.HardwareAddr{1, 2} },
-		"ipv6 guest":        func(c *Config) { c.Net.Addr = netip.MustParsePrefix("fd00::2/64") },
-		"no guest address":  func(c *Config) { c.Net.Addr = netip.Prefix{} },
-		"ipv6 gateway":      func(c *Config) { c.Net.Gateway = netip.MustParseAddr("fd00::1") },
+		"no accel":         func(c *Config) { c.Accel = "" },
+		"bad accel":        func(c *Config) { c.Accel = "hvf" },
+		"bad machine":      func(c *Config) { c.Machine = "pc" },
+		"relative kernel":  func(c *Config) { c.Kernel = "vmlinuz" },
+		"no initrd":        func(c *Config) { c.Initrd = "" },
+		"no ctrl socket":   func(c *Config) { c.CtrlSocket = "" },
+		"comma in socket":  func(c *Config) { c.CtrlSocket = "/a,b" },
+		"no console log":   func(c *Config) { c.ConsoleLog = "" },
+		"cpus":             func(c *Config) { c.CPUs = -1 },
+		"memory":           func(c *Config) { c.MemoryMiB = 16 },
+		"tap name":         func(c *Config) { c.Net.Tap = "a,b" },
+		"long tap name":    func(c *Config) { c.Net.Tap = "abcdefghijklmnop" },
+		"multicast mac":    func(c *Config) { c.Net.MAC = net.HardwareAddr{1, 0, 0, 0, 0, 1} },
+		"short mac":        func(c *Config) { c.Net.MAC = net.HardwareAddr{1, 2} },
+		"ipv6 guest":       func(c *Config) { c.Net.Addr = netip.MustParsePrefix("fd00::2/64") },
+		"no guest address": func(c *Config) { c.Net.Addr = netip.Prefix{} },
+		"ipv6 gateway":     func(c *Config) { c.Net.Gateway = netip.MustParseAddr("fd00::1") },
+		"ipv4 as ip6":      func(c *Config) { c.Net.Addr6 = netip.MustParsePrefix("10.0.0.2/30") },
+		"gw6 without ip6":  func(c *Config) { c.Net.Gateway6 = netip.MustParseAddr("fd00::1") },
+		"ipv4 gw6": func(c *Config) {
+			c.Net.Addr6, c.Net.Gateway6 = netip.MustParsePrefix("fd00::2/64"), netip.MustParseAddr("10.0.0.1")
+		},
 		"relative vfs sock": func(c *Config) { c.FS.Socket = "vfs.sock" },
 		"tag with space":    func(c *Config) { c.FS.Tag = "a b" },
 		"relative mount":    func(c *Config) { c.FS.MountPoint = "work" },
@@ -177,5 +182,21 @@ func TestValidateRejects(t *testing.T) {
 		if _, err := c.Args(); err == nil {
 			t.Errorf("%s: Args accepted", name)
 		}
+	}
+}
+
+// TestCmdlineIPv6: the guest's IPv6 address and route go to /init as
+// carbd.ip6 and carbd.gw6, after the IPv4 parameters.
+func TestCmdlineIPv6(t *testing.T) {
+	c := fullConfig()
+	n := *c.Net
+	n.Addr6, n.Gateway6 = netip.MustParsePrefix("fd00:cb:0:7::2/64"), netip.MustParseAddr("fd00:cb:0:7::1")
+	c.Net = &n
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(c.Cmdline(), " ")
+	if !strings.Contains(got, " carbd.ip6=fd00:cb:0:7::2/64 carbd.gw6=fd00:cb:0:7::1 ") {
+		t.Errorf("cmdline %q lacks carbd.ip6 and carbd.gw6", got)
 	}
 }

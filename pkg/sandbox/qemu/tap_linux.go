@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Tap is a persistent tap device that QEMU attaches to by name. carbd's
@@ -36,7 +37,11 @@ func CreateTap(name string, addr netip.Prefix) (*Tap, error) {
 // CreateTapDown is CreateTap without setting the link up, so that
 // carbd's TC program and rules are attached before it carries anything;
 // Up sets it up.
-func CreateTapDown(name string, addr netip.Prefix) (_ *Tap, err error) {
+//
+// more are further addresses of the tap (the host's IPv6 address); IPv6
+// ones are added without duplicate address detection, so they are usable
+// at once.
+func CreateTapDown(name string, addr netip.Prefix, more ...netip.Prefix) (_ *Tap, err error) {
 	la := netlink.NewLinkAttrs()
 	la.Name = name
 	tap := &netlink.Tuntap{
@@ -56,10 +61,16 @@ func CreateTapDown(name string, addr netip.Prefix) (_ *Tap, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("qemu: tap %s: %w", name, err)
 	}
-	if addr.IsValid() {
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), addr.Addr().BitLen())}}
+	for _, p := range append([]netip.Prefix{addr}, more...) {
+		if !p.IsValid() {
+			continue
+		}
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if p.Addr().Is6() {
+			a.Flags = unix.IFA_F_NODAD
+		}
 		if err := netlink.AddrAdd(link, a); err != nil {
-			return nil, fmt.Errorf("qemu: address %v on tap %s: %w", addr, name, err)
+			return nil, fmt.Errorf("qemu: address %v on tap %s: %w", p, name, err)
 		}
 	}
 	return &Tap{Name: name, Index: link.Attrs().Index, Addr: addr}, nil
