@@ -199,6 +199,17 @@ func checkPolicyWellFormed(t *testing.T, p *decide.Policy) {
 	if !kindOK(p.DefaultOp.Kind) || len(p.DefaultOp.Ops) > 0 || p.DefaultOp.Gate&^allRoles != 0 {
 		t.Fatalf("default operation %+v", p.DefaultOp)
 	}
+	ic := p.Intercept
+	globsOK("intercept pass", ic.Pass)
+	endpoint("intercept pass", decide.Endpoint{Hosts: ic.Pass})
+	for i, port := range ic.Ports {
+		if port == 0 || port == 443 || port == 53 || port == 80 || (i > 0 && port <= ic.Ports[i-1]) {
+			t.Fatalf("intercept ports %v", ic.Ports)
+		}
+	}
+	if ic.OnRefusedCA > decide.RefusedCAPass {
+		t.Fatalf("intercept on_refused_ca %d", ic.OnRefusedCA)
+	}
 	if s := p.Summary(); !strings.HasPrefix(s, "policy f.yaml\n") {
 		t.Fatalf("summary %q", s)
 	}
