@@ -400,6 +400,9 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 	if nc.icpt.handles(m.Flow.Dst, m.Flow.DstPort, m.Flow.Proto) {
 		return nfq.Outcome{Verdict: nfq.Release, Reason: "intercepted"}
 	}
+	if nc.icpt.refusesUDP(m, &ev) {
+		return nc.icpt.refuseUDP(m)
+	}
 	// carbd's own resolver traffic is never asked about (ownicmp.go).
 	if out, ok := nc.ownICMP(m, &ev); ok {
 		return out
