@@ -68,7 +68,7 @@ func finalCode(recs []decide.AuditRecord, seq uint64) string {
 func TestCLIWithdrawnQuestion(t *testing.T) {
 	bin := carbdBinary(t)
 	testutil.RequireTool(t, "curl")
-	w := newWorld(t, 91)
+	w := newWorld(t, 131)
 	work := cliWorkdir(t)
 	r := startRun(t, bin, w, work, `
 curl -sS -m 3 -o /dev/null http://api.example.com/gone-4b2; echo "gone=$?"
@@ -154,7 +154,7 @@ func startWatch(t *testing.T, bin string, r *carbdRun, out *syncBuffer) func() {
 func TestCLIWithdrawKeepsSharedQuestion(t *testing.T) {
 	bin := carbdBinary(t)
 	testutil.RequireTool(t, "curl")
-	w := newWorld(t, 92)
+	w := newWorld(t, 132)
 	work := cliWorkdir(t)
 	r := startRun(t, bin, w, work, `
 curl -sS -m 50 -o /dev/null -w "long=%{http_code}\n" http://api.example.com/shared-4b2 &
@@ -215,7 +215,7 @@ wait_for exit
 func TestCLIOwnResolverICMPNotAsked(t *testing.T) {
 	bin := carbdBinary(t)
 	testutil.RequireTool(t, "python3")
-	w := newWorld(t, 93)
+	w := newWorld(t, 133)
 	work := cliWorkdir(t)
 	// A DNS query the policy releases at once (the task's host), sent
 	// from a socket closed right after: the answer finds a closed port.

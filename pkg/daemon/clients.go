@@ -268,3 +268,13 @@ func (nc *netChannel) whileClientWaits(ctx context.Context, flow tcx.FlowKey) (c
 	unwatch := nc.clients.watchDecision(flow, func(reason string) { cancel(goneCause(reason)) })
 	return ctx, func() { unwatch(); stop(); cancel(nil) }
 }
+
+// whileConnWaits is whileClientWaits for a request whose connection
+// carbd terminates (the interception proxy): conn ends when the proxy
+// gives up on the connection, which means its client is gone too.
+func (nc *netChannel) whileConnWaits(conn context.Context, flow tcx.FlowKey) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(conn))
+	stop := context.AfterFunc(conn, func() { cancel(goneCause("the intercepted connection closed")) })
+	ctx, done := nc.whileClientWaits(ctx, flow)
+	return ctx, func() { done(); stop(); cancel(nil) }
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/intercept"
+	"github.com/carbd/carbd/pkg/hooks/tcx"
 	"github.com/carbd/carbd/pkg/sandbox/netns"
 )
 
@@ -342,6 +343,12 @@ func (ic *interceptor) decide(ctx context.Context, client, dst netip.AddrPort, e
 		d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", d.engine.Policy().Redact(ev.Summary()), "err", err)
 		return intercept.Verdict{Notice: "carbd could not establish what the agent read before this request; it was refused"}
 	}
+	// The guest's socket (client to the destination it dialled) is the
+	// client: when it closes, or the sandbox exits, a question about this
+	// request is withdrawn (clients.go).
+	flow := tcx.FlowKey{Src: client.Addr().Unmap(), SrcPort: client.Port(), Dst: dst.Addr().Unmap(), DstPort: dst.Port(), Proto: tcx.ProtoTCP}
+	ctx, done := ic.nc.whileConnWaits(ctx, flow)
+	defer done()
 	res := d.engine.Propose(ctx, ev)
 	dec := res.Decision
 	if cf := d.sup.Err(); cf != nil && dec.Verdict != decide.Refuse {
@@ -368,6 +375,7 @@ func (ic *interceptor) decide(ctx context.Context, client, dst netip.AddrPort, e
 		d.applyResolution(&res.Resolutions[i])
 	}
 	if dec.Verdict == decide.Defer {
+		ic.nc.clients.watchHeld(dec.Seq, flow)
 		d.resolveSoon(dec.Scope)
 		if f, ok := d.finalOf(dec.Seq); ok {
 			dec = f
