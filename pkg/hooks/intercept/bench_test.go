@@ -220,12 +220,14 @@ const downloadSize = 100 << 20
 // download: one 100 MiB response per download on a kept-alive
 // connection; each variant's median throughput, carbd's against direct
 // TLS, and the process's CPU time per download through carbd against
-// direct (client, world and proxy share this process and these cores:
-// the proxy adds a TLS leg, a second decryption and encryption of every
-// byte, so where the cores are the bound, throughput follows CPU).
+// direct, with the cores each kept busy (client, world and proxy share
+// this process and these cores: the proxy adds a TLS leg, a second
+// decryption and encryption of every byte, so where the cores are the
+// bound, throughput follows CPU).
 func (env *benchEnv) download(b *testing.B, h2 bool) {
 	mbps := map[string][]float64{}
 	cpu := map[string][]float64{}
+	cores := map[string][]float64{}
 	decided0, observed0 := env.decided.Load(), env.observed.Load()
 	var viaCarbd int64
 	for round := range b.N {
@@ -246,7 +248,9 @@ func (env *benchEnv) download(b *testing.B, h2 bool) {
 				}
 				d := time.Since(t0)
 				mbps[v.name] = append(mbps[v.name], downloadSize/d.Seconds()/1e6)
-				cpu[v.name] = append(cpu[v.name], (cpuTime() - c0).Seconds())
+				used := (cpuTime() - c0).Seconds()
+				cpu[v.name] = append(cpu[v.name], used)
+				cores[v.name] = append(cores[v.name], used/d.Seconds())
 			}
 			if v.name == "carbd" {
 				viaCarbd += int64(runs) + 1
@@ -263,6 +267,12 @@ func (env *benchEnv) download(b *testing.B, h2 bool) {
 	env.ratio(b, mbps, "carbd", "direct", "")
 	env.ratio(b, mbps, "carbd", "mitmdump", "")
 	env.ratio(b, cpu, "carbd", "direct", "-cpu")
+	if cpuTime() > 0 {
+		// Cores this process kept busy: with as many as the machine
+		// has, throughput is CPU-bound and carbd/direct ≈ 1/(carbd/direct-cpu).
+		b.ReportMetric(median(cores["direct"]), "direct-cores")
+		b.ReportMetric(median(cores["carbd"]), "carbd-cores")
+	}
 }
 
 // handshake: a new TLS connection per request (keep-alive off),

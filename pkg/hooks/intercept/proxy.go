@@ -139,7 +139,15 @@ type Proxy struct {
 	roots        *x509.CertPool
 	log          *slog.Logger
 	clientKeyLog io.Writer // KeyLog and ClientKeyLog
+	// sessions keeps the upstream servers' TLS session tickets, so that
+	// a new connection to a server carbd verified before resumes (no
+	// certificate chain to verify again, no signature); crypto/tls still
+	// checks the cached leaf's name and expiry. Bounded (LRU).
+	sessions tls.ClientSessionCache
 }
+
+// upstreamSessions is how many upstream sessions the proxy keeps.
+const upstreamSessions = 1024
 
 // New checks the configuration and loads the upstream CA files.
 func New(cfg Config) (*Proxy, error) {
@@ -192,7 +200,7 @@ func New(cfg Config) (*Proxy, error) {
 	case cfg.ClientKeyLog != nil:
 		clientKeyLog = cfg.ClientKeyLog
 	}
-	return &Proxy{cfg: cfg, roots: roots, log: log, clientKeyLog: clientKeyLog}, nil
+	return &Proxy{cfg: cfg, roots: roots, log: log, clientKeyLog: clientKeyLog, sessions: tls.NewLRUClientSessionCache(upstreamSessions)}, nil
 }
 
 // Serve accepts connections from ln and handles each on its own
@@ -359,6 +367,7 @@ func (c *conn) dialUpstream(ctx context.Context, name string) {
 		KeyLogWriter: c.p.cfg.KeyLog,
 		// An upload is released whole: full-size records from its start.
 		DynamicRecordSizingDisabled: true,
+		ClientSessionCache:          c.p.sessions,
 	})
 	if err := up.HandshakeContext(ctx); err != nil {
 		raw.Close()

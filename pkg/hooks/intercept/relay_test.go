@@ -105,3 +105,41 @@ func TestLargeResponse(t *testing.T) {
 		c.CloseIdleConnections()
 	}
 }
+
+// TestUpstreamResumption: a second connection to a server the proxy
+// verified before resumes its TLS session upstream (no chain to verify
+// again), whichever protocol; a server the proxy does not trust is
+// refused every time (nothing is cached from a failed handshake).
+func TestUpstreamResumption(t *testing.T) {
+	w := newWorld(t)
+	tp := newTestProxy(t, w, nil)
+	for i, h2 := range []bool{false, true, false} {
+		c := goClient(tp, h2)
+		if r := do(t, c, "GET", tp.url(fmt.Sprintf("/conn%d", i)), ""); r.status != 200 {
+			t.Fatalf("connection %d: %+v", i, r)
+		}
+		c.CloseIdleConnections()
+	}
+	got := w.received()
+	if len(got) != 3 {
+		t.Fatalf("the world saw %d requests, want 3: %+v", len(got), got)
+	}
+	for i, r := range got {
+		if want := i > 0; r.Resumed != want {
+			t.Errorf("request %d (%s): resumed %v, want %v", i, r.URI, r.Resumed, want)
+		}
+	}
+	// A proxy that trusts another CA: its every connection is refused.
+	other := newTestProxy(t, w, func(c *Config) { c.UpstreamCAFiles = []string{tp.caFile} })
+	for i := range 2 {
+		c := goClient(other, false)
+		r := do(t, c, "GET", other.url("/untrusted"), "")
+		if r.status != 403 || !strings.Contains(r.body, "not trusted") {
+			t.Fatalf("untrusted upstream, connection %d: %+v", i, r)
+		}
+		c.CloseIdleConnections()
+	}
+	if n := len(w.received()); n != 3 {
+		t.Fatalf("the untrusted proxy's requests reached the world: %d requests", n)
+	}
+}

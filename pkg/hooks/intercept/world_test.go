@@ -41,6 +41,8 @@ type worldReq struct {
 	Method, URI, Proto string
 	Header             http.Header
 	Body               []byte
+	// Resumed: the request came on a resumed TLS session.
+	Resumed bool
 }
 
 // received returns the requests the world saw.
@@ -98,7 +100,7 @@ func newWorldOn(t testing.TB, ln net.Listener) *world {
 			return
 		}
 		w.mu.Lock()
-		w.log = append(w.log, worldReq{r.Method, r.RequestURI, r.Proto, r.Header.Clone(), body})
+		w.log = append(w.log, worldReq{r.Method, r.RequestURI, r.Proto, r.Header.Clone(), body, r.TLS != nil && r.TLS.DidResume})
 		w.mu.Unlock()
 		switch {
 		case r.URL.Path == "/sse":
