@@ -7,7 +7,7 @@ APT_PKGS := clang-14 llvm-14 libbpf-dev bpftool iptables nftables iperf3 \
             busybox-static cpio qemu-system-x86 qemu-system-common qemu-utils \
             socat curl dnsutils iputils-ping netcat-openbsd tcpdump tshark \
             iproute2 kmod ca-certificates make zsh fish groff-base mitmproxy \
-            git python3 python3-requests nodejs
+            git python3 python3-requests nodejs libhyperscan-dev
 BIN      := bin/carbd
 
 .PHONY: all setup build install deb lint test test-fresh test-short e2e bench demo generate check-generated fuzz fuzz-long clean vmimage

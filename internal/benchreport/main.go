@@ -25,6 +25,11 @@ type suite struct {
 	Pkg   string
 	Bench string // -bench regexp
 	Root  bool   // needs root; skipped (and said so) otherwise
+	// Tags are go test build tags, given only when Needs (if set) finds
+	// what they need on the machine; otherwise the suite runs without
+	// them and the report says why.
+	Tags  string
+	Needs func() error
 	// Ratios compare two benchmarks of the same run: Name / Base on Metric.
 	Ratios []ratio
 	Goals  []goal
@@ -107,7 +112,15 @@ func main() {
 			fmt.Fprintf(&b, "Skipped: needs root.\n\n")
 			continue
 		}
-		args := []string{"test", "-run=^$", "-bench=" + s.Bench, "-benchmem", "-count=" + strconv.Itoa(*count), s.Pkg}
+		args := []string{"test", "-run=^$", "-bench=" + s.Bench, "-benchmem", "-count=" + strconv.Itoa(*count)}
+		if s.Tags != "" {
+			if err := needs(s); err != nil {
+				fmt.Fprintf(&b, "Run without `-tags %s`: %v.\n\n", s.Tags, err)
+			} else {
+				args = append(args, "-tags="+s.Tags)
+			}
+		}
+		args = append(args, s.Pkg)
 		if *benchtime != "" {
 			args = append(args, "-benchtime="+*benchtime)
 		}

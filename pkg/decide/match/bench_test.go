@@ -12,11 +12,24 @@ import (
 
 var benchOnce = sync.OnceValues(func() ([]string, string) { return benchData(10000, 1<<20, 3) })
 
+// scanBaseline is a further matcher BenchmarkScan1MiB10kTokens compares
+// the Index with when its build tag is given (hyperscan_bench_test.go):
+// build compiles the normalised tokens and returns a function that counts
+// the distinct tokens in already normalised content, and a cleanup.
+type scanBaseline struct {
+	name  string
+	build func(norm []string) (count func(normalised string) (int, error), done func(), err error)
+}
+
+// scanBaselines are registered by tagged files' init functions.
+var scanBaselines []scanBaseline
+
 // BenchmarkScan1MiB10kTokens scans 1 MiB of mixed effect content (three
 // planted hits) against 10,000 sensitive tokens: with the Index (Scan and
 // MaxLevel), a naive strings.Contains loop and the two Aho-Corasick
-// libraries. Every variant includes the normalisation of the content; the
-// baselines normalise with Norm first (they cannot fuse it).
+// libraries, and Hyperscan when built with -tags hyperscan. Every variant
+// includes the normalisation of the content; the baselines normalise with
+// Norm first (they cannot fuse it).
 func BenchmarkScan1MiB10kTokens(b *testing.B) {
 	toks, body := benchOnce()
 	norm := make([]string, len(toks))
@@ -96,6 +109,22 @@ func BenchmarkScan1MiB10kTokens(b *testing.B) {
 			}
 		}
 	})
+	for _, bl := range scanBaselines {
+		count, done, err := bl.build(norm)
+		if err != nil {
+			b.Fatalf("%s: %v", bl.name, err)
+		}
+		b.Run(bl.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				n, err := count(Norm(body))
+				if err != nil || n != want {
+					b.Fatalf("%s found %d (%v), index %d", bl.name, n, err, want)
+				}
+			}
+		})
+		done()
+	}
 }
 
 // BenchmarkScanSmall scans effects of typical request sizes against the
