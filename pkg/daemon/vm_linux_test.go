@@ -1158,6 +1158,7 @@ func TestRunQEMUIntercept(t *testing.T) {
 		}
 	}()
 
+	pcap := filepath.Join(t.TempDir(), "audit.pcapng")
 	script := `set -u
 echo "trust=$SSL_CERT_FILE,$REQUESTS_CA_BUNDLE,$CURL_CA_BUNDLE,$NODE_EXTRA_CA_CERTS,$GIT_SSL_CAINFO"
 echo "bundle=$(grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt)"
@@ -1173,6 +1174,7 @@ exit 0`
 		c.Hosts = map[string][]netip.Addr{"api.example.com": {w.addr}, "api6.example.com": {w.addr, w6}}
 		c.Env = []string{"API_KEY=" + key}
 		c.Intercept.UpstreamCAs = []string{tw.caFile}
+		c.Pcap = pcap
 	})
 	close(stop)
 	<-scanned
@@ -1227,6 +1229,33 @@ exit 0`
 	}
 	if !bytes.Contains(audit, []byte("tls:connect")) {
 		t.Errorf("no tls:connect decision in the audit: the connections were not intercepted")
+	}
+
+	// The pcapng audit, captured on the tap, carries the guest leg's keys:
+	// tshark shows the decrypted requests with their decisions.
+	tshark, err := exec.LookPath("tshark")
+	if err != nil {
+		t.Logf("tshark is not installed: the pcapng's decryption is not checked")
+		return
+	}
+	fields, err := exec.Command(tshark, "-r", pcap, "-Y", "http2.type == 1", "-T", "fields", "-E", "separator=|",
+		"-e", "http2.headers.path", "-e", "frame.comment").CombinedOutput()
+	if err != nil {
+		t.Fatalf("tshark: %v\n%s", err, fields)
+	}
+	for path, note := range map[string]string{"/with-key|": "release http:GET", "/leak6|": "refuse http:GET"} {
+		found := false
+		for _, l := range strings.Split(string(fields), "\n") {
+			if strings.Contains(l, path) {
+				found = true
+				if !strings.Contains(l, "carbd: intercepted: ") || !strings.Contains(l, note) {
+					t.Errorf("the decrypted request %q: annotation %q, want the connection's decisions with %q", path, l, note)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("tshark does not show the decrypted request %q in the VM's pcapng:\n%s", path, fields)
+		}
 	}
 }
 
