@@ -485,7 +485,7 @@ func (r *Report) drawHeader(c draw.Canvas, frontier bool) {
 	if frontier {
 		entries = append(entries,
 			entry{"CRC budget sweep", line(color.Gray{Y: 60}, nil, true)},
-			entry{"ledger budget sweep (carbd)", line(methodColor("carbd"), []vg.Length{vg.Points(4), vg.Points(2)}, true)})
+			entry{"ledger budget sweep (carbd, ledger-alone)", line(methodColor("carbd"), []vg.Length{vg.Points(4), vg.Points(2)}, true)})
 	}
 	entries = append(entries, entry{"goal: at most 1 % released", line(plotGoalColor, []vg.Length{vg.Points(6), vg.Points(3)}, false)})
 	icon, gap := vg.Points(20), vg.Points(14)
