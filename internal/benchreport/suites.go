@@ -26,6 +26,16 @@ var suites = []suite{
 		},
 	},
 	{
+		// Issue 11, item 3: the cost of parsing a structured tool result
+		// for the policy's field rules, against observing it without.
+		Title: "Field-level trust (pkg/decide)",
+		Pkg:   "./pkg/decide/",
+		Bench: "ObserveFieldTrust",
+		Ratios: []ratio{
+			{Label: "observing a 20 KiB structured tool result with a field rule vs without (time)", Name: "BenchmarkObserveFieldTrust/fields", Base: "BenchmarkObserveFieldTrust/baseline", Metric: "ns/op"},
+		},
+	},
+	{
 		Title: "Conformal calibration (pkg/calib)",
 		Pkg:   "./pkg/calib/",
 		Bench: "Calibrate1M|Allowed|CalibrateLedger",

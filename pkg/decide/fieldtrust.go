@@ -317,6 +317,16 @@ func (p *Policy) matchRules(rules []*FieldRule, root *yaml.Node, derivable func(
 	return out
 }
 
+// Derivable reports whether x is derivable from T as the engine holds it
+// now (D(x, T) with the written forms of docs/provenance.md, for a
+// selector): what a record condition "trusted" asks. For tests and tools
+// that check what field rules vouch for (Policy.MatchFields).
+func (e *Engine) Derivable(x string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.derivableAs(RoleSelector, x)
+}
+
 // fieldValues are values a trusted field vouches for, with their origin.
 type fieldValues struct {
 	origin string
@@ -329,7 +339,9 @@ type fieldValues struct {
 // itself, unless the source is trusted and some of its fields are marked
 // untrusted: then the values of its other fields, or none when the output
 // does not parse) and the values of fields marked trusted, each with its
-// origin. With the ablation switch Fields, the rules are ignored.
+// origin. A selected value that reads back the agent's own effect
+// (echoesEffect) or is one of the principal's identities adds nothing.
+// With the ablation switch Fields, the rules are ignored.
 func (e *Engine) fieldTrustLocked(p *Policy, ev *Event, integrity Integrity, values []string) ([]string, []fieldValues) {
 	if e.opt.Ablate.Fields {
 		return values, nil
@@ -371,6 +383,12 @@ func (e *Engine) fieldTrustLocked(p *Policy, ev *Event, integrity Integrity, val
 		}
 		if e.echoesEffect(m.Value) {
 			continue // the agent's own effect read back: state must not launder labels
+		}
+		if containsString(p.Principal, Norm(m.Value)) {
+			// Her identity is in every record of her own data (a
+			// participant of her events, a recipient of her mail); it
+			// vouches for no effect addressed to her alone (classes.go).
+			continue
 		}
 		out = append(out, fieldValues{
 			origin: origin + ", field " + m.Loc + " (fields: " + m.Rule.Name + ")",

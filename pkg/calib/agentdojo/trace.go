@@ -26,7 +26,10 @@ import (
 //   - each tool result follows the calls of its turn, as an incoming event
 //     on the same channel with Obj "tool:<function>", Source
 //     "<function>(<short args>)" and Content the text the agent read (the
-//     error message when the tool failed);
+//     error message when the tool failed), without the delimiters the
+//     spotlighting_with_delimiting pipeline wraps it in (the pipeline adds
+//     them inside the agent, after the output crossed the boundary; the
+//     tool's structured output stays parseable for field-level trust);
 //   - the agent's final answer, when the run ends with one, is a ctrl/out
 //     event to "principal".
 //
@@ -82,11 +85,30 @@ func (r *Run) trace(p *SuiteSpec) (*traced, error) {
 			ts := p.Tool(c.Function)
 			t.events = append(t.events, decide.Event{
 				Ch: ts.Channel, Dir: decide.In, Obj: ts.Op, Op: ts.Op,
-				Source: ShortCall(c), Content: c.Result.Text(),
+				Source: ShortCall(c), Content: r.toolOutput(c.Result.Text()),
 			})
 		}
 	}
 	return t, nil
+}
+
+// spotlightPipeline is the suffix of the pipelines that wrap every tool
+// output in spotlightOpen ... spotlightClose (AgentDojo's
+// spotlighting_with_delimiting defense).
+const (
+	spotlightPipeline = "spotlighting_with_delimiting"
+	spotlightOpen     = "<<"
+	spotlightClose    = ">>"
+)
+
+// toolOutput is a tool's result as the tool returned it: without the
+// spotlighting pipeline's delimiters.
+func (r *Run) toolOutput(text string) string {
+	if strings.HasSuffix(r.Pipeline, spotlightPipeline) && len(text) >= len(spotlightOpen)+len(spotlightClose) &&
+		strings.HasPrefix(text, spotlightOpen) && strings.HasSuffix(text, spotlightClose) {
+		return text[len(spotlightOpen) : len(text)-len(spotlightClose)]
+	}
+	return text
 }
 
 func (r *Run) callEvent(p *SuiteSpec, c *Call) decide.Event {
