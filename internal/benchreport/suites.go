@@ -9,13 +9,17 @@ var suites = []suite{
 		Bench: "DecidePolicyOnly",
 		Goals: []goal{
 			{Name: "BenchmarkDecidePolicyOnly", Metric: "decisions/s", Text: "policy-only decisions ≥ 1M/s on one core", OK: func(v float64) bool { return v >= 1e6 }},
+			{Name: "BenchmarkDecidePolicyOnly", Metric: "allocs/op", Text: "no allocation per released decision (amortised)", OK: func(v float64) bool { return v == 0 }},
 		},
 	},
 	{
 		Title: "Sensitive scan and provenance sets (pkg/decide/match)",
 		Pkg:   "./pkg/decide/match/",
 		Bench: "Scan1MiB10kTokens|Add10kTokens|ValueSetContains",
+		Tags:  "hyperscan", // Hyperscan's cgo shim (pkg/decide/match/hsbench), when the machine has it
+		Needs: needHyperscan,
 		Ratios: []ratio{
+			{Label: "carbd's index vs Hyperscan 5.4 (Norm + literal block scan)", Name: "BenchmarkScan1MiB10kTokens/index/Scan", Base: "BenchmarkScan1MiB10kTokens/hyperscan", Metric: "MB/s"},
 			{Label: "carbd's index vs a strings.Contains loop", Name: "BenchmarkScan1MiB10kTokens/index/Scan", Base: "BenchmarkScan1MiB10kTokens/naive-contains", Metric: "MB/s"},
 			{Label: "carbd's index vs petar-dambovaliev/aho-corasick", Name: "BenchmarkScan1MiB10kTokens/index/Scan", Base: "BenchmarkScan1MiB10kTokens/petar-dambovaliev-aho-corasick", Metric: "MB/s"},
 			{Label: "carbd's index vs cloudflare/ahocorasick", Name: "BenchmarkScan1MiB10kTokens/index/Scan", Base: "BenchmarkScan1MiB10kTokens/cloudflare-ahocorasick", Metric: "MB/s"},
