@@ -150,7 +150,11 @@ defaults: {kind: blocking, gate: [target, credential, command]}
 //   - sigterm: output "waiting for the host"; at the host's shutdown,
 //     result 143 and power off.
 func fakeGuest(g *chvtest.Guest) {
-	if g.Conn.Send(&ctrl.Hello{Version: ctrl.Version}) != nil {
+	version := ctrl.Version
+	if v, err := strconv.Atoi(os.Getenv(envFakeGuestVersion)); err == nil {
+		version = v
+	}
+	if g.Conn.Send(&ctrl.Hello{Version: version}) != nil {
 		return
 	}
 	m, err := g.Conn.Recv()
@@ -668,6 +672,32 @@ func TestRunCloudHypervisorGuestPanic(t *testing.T) {
 				t.Errorf("the tap cbh-%s is still there", r.id)
 			}
 		})
+	}
+}
+
+// envFakeGuestVersion makes the fake's guest say hello with another
+// protocol version.
+const envFakeGuestVersion = "CARBD_TEST_GUEST_VERSION"
+
+// TestRunCloudHypervisorOldGuestEnv: a guest image of protocol version 1
+// cannot take the agent's environment: with --env the run fails, saying
+// to rebuild the image, and neither the environment nor the task is
+// sent (the agent never starts without its keys).
+func TestRunCloudHypervisorOldGuestEnv(t *testing.T) {
+	t.Setenv(envFakeGuestVersion, "1")
+	r := runFakeCHVErr(t, "notice", nil, "", nil)
+	if r.err == nil || !strings.Contains(r.err.Error(), "control protocol 1") || !strings.Contains(r.err.Error(), "make vmimage") {
+		t.Fatalf("run: %v, want the old guest refused", r.err)
+	}
+	t.Logf("run: %v", r.err)
+	for _, g := range r.log.Guest {
+		t.Logf("guest %s: %s", g.Kind, g.Value)
+		if g.Kind == "env" || g.Kind == "task" {
+			t.Errorf("the old guest got a %s message", g.Kind)
+		}
+	}
+	if _, err := netlink.LinkByName("cbh-" + r.id); err == nil {
+		t.Errorf("the tap cbh-%s is still there", r.id)
 	}
 }
 
