@@ -41,7 +41,7 @@ func TestAuditAfterRun(t *testing.T) {
 	bin := carbdBinary(t)
 	testutil.RequireTool(t, "curl")
 	tshark := testutil.RequireTool(t, "tshark")
-	w := newWorld(t, 85)
+	w := newWorld(t, 83)
 	work := cliWorkdir(t)
 	r := startRun(t, bin, w, work, `
 curl -sS -m 20 -o /dev/null -w "code=%{http_code} " http://api.example.com/status; echo "status=$?"

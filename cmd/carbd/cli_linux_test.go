@@ -125,6 +125,7 @@ func (w *world) requests() []string {
 
 func newWorld(t *testing.T, octet int) *world {
 	t.Helper()
+	testutil.ClaimWorldNet(t, octet)
 	ns := testutil.NewNetNS(t)
 	hostIf := testutil.UniqueName("cwc")
 	w := &world{addr: netip.AddrFrom4([4]byte{198, 18, byte(octet), 2})}

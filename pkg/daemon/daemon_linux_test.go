@@ -48,6 +48,7 @@ func (w *world) requests() []string {
 func newWorld(t *testing.T, octet int) *world {
 	t.Helper()
 	testutil.RequireRoot(t)
+	testutil.ClaimWorldNet(t, octet)
 	ns := testutil.NewNetNS(t)
 	hostIf := testutil.UniqueName("cwh")
 	w := &world{ns: ns, addr: netip.AddrFrom4([4]byte{198, 18, byte(octet), 2})}

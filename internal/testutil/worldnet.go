@@ -1,0 +1,45 @@
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// worldNetDir holds one lock file per world subnet; the locks are flock(2)
+// locks, so a test process that dies releases them.
+const worldNetDir = "/run/carbd-test/worldnet"
+
+// ClaimWorldNet takes, for the rest of the test, the host-side world subnet
+// 198.18.<octet>.0/30 that a test's world namespace uses, waiting while a
+// test of another package (go test runs packages in parallel) holds it: two
+// host interfaces with the same connected /30 would make the host route one
+// test's packets to the other's world. Each test still chooses its octet;
+// the claim only turns an accidental reuse into waiting instead of a flake.
+func ClaimWorldNet(tb testing.TB, octet int) {
+	tb.Helper()
+	if octet < 0 || octet > 255 {
+		tb.Fatalf("world subnet: octet %d out of range", octet)
+	}
+	if err := os.MkdirAll(worldNetDir, 0o755); err != nil {
+		tb.Fatalf("world subnet: %v", err)
+	}
+	f, err := os.OpenFile(filepath.Join(worldNetDir, fmt.Sprintf("%d.lock", octet)), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		tb.Fatalf("world subnet: %v", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		tb.Fatalf("world subnet 198.18.%d.0/30: lock: %v", octet, err)
+	}
+	tb.Cleanup(func() { f.Close() })
+}
