@@ -241,6 +241,7 @@ type daemon struct {
 	engine  *decide.Engine
 	net     *netChannel
 	files   *fileChannel
+	open    openFlows // revoke.go
 	sandbox sandboxProc
 	audit   io.Writer // the audit log (safe for concurrent use)
 	// sup runs the long-running components; the first failure ends the

@@ -273,7 +273,7 @@ func (fc *fileChannel) assumeSensitiveRead(rec *fileev.Record) {
 				}
 				total += len(content)
 				n++
-				fc.d.engine.Observe(decide.Event{Ch: decide.ChanFile, Dir: decide.In, Obj: rel, Op: fileev.OpNameRead,
+				fc.d.observe(decide.Event{Ch: decide.ChanFile, Dir: decide.In, Obj: rel, Op: fileev.OpNameRead,
 					Content: content, Source: "file:" + rel + " (assumed read: " + why + ")"})
 				return nil
 			})
@@ -325,7 +325,7 @@ func (fc *fileChannel) event(ctx context.Context, ev decide.Event) {
 	}
 	fc.mu.Unlock()
 	if ev.Dir == decide.In {
-		fc.d.engine.Observe(ev)
+		fc.d.observe(ev)
 		return
 	}
 	fc.propose(ctx, ev)

@@ -275,6 +275,7 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 		return err
 	}
 	nc.loop = loop
+	d.open.loop.Store(loop)
 	// Once it is up, the loop ending for any reason ends the run (its
 	// held packets are dropped as it stops).
 	loopErr := make(chan error, 1)
@@ -363,7 +364,7 @@ func (nc *netChannel) observe(ev decide.Event) {
 		}
 		nc.mu.Unlock()
 	}
-	nc.d.engine.Observe(ev)
+	nc.d.observe(ev)
 }
 
 // learn records name -> address answers of the sandbox's resolver, so a
