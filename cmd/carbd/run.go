@@ -80,7 +80,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	pcapMax := fs.Int64("pcap-max", 0, "cap the pcapng audit at `bytes` (0: 128 MiB; negative: no cap); frames beyond it are counted, not written")
 	holdTimeout := fs.Duration("hold-timeout", 10*time.Second, "longest a packet waits for a decision before it is refused")
 	var icpt daemon.InterceptConfig
-	intercepting := fs.Bool("intercept", true, "intercept the guest's HTTPS (TCP 443) and decide it request by request; false: TLS is opaque, decided by server name as carrying everything read so far")
+	intercepting := fs.Bool("intercept", true, "intercept the guest's HTTPS (TCP 443 and the policy's intercept.ports) and decide it request by request; false: TLS is opaque, decided by server name as carrying everything read so far")
 	fs.StringVar(&icpt.CACert, "ca-cert", "", "interception CA certificate `file` (PEM; with --ca-key; default: the host's CA, created once under "+daemon.DefaultCADir+")")
 	fs.StringVar(&icpt.CAKey, "ca-key", "", "interception CA key `file` (PEM)")
 	fs.StringVar(&icpt.KeyLog, "keylog", "", "append the TLS secrets of both legs of every intercepted connection to `file` (NSS key log, SSLKEYLOGFILE; mode 0600); the pcapng audit carries the guest leg's itself")
