@@ -157,6 +157,24 @@ func BenchmarkReleasedTCPThroughput(b *testing.B) {
 			return r
 		}
 	}
+	// A verdict loop idles in this process through every variant, on a
+	// queue no rule feeds: with none in the baselines, their rates came
+	// out 1.6-4.6 times below carbd's at the same CPU per byte (an idle
+	// loop alone, off the data path, made the difference in some runs),
+	// an effect of the benchmark's process, not of the data path.
+	idle, err := New(Config{QueueNum: tcxtest.QueueNum(), NetNS: tcxtest.Path(topo.Router), MaxQueueLen: 64, Decider: releaseAll})
+	if err != nil {
+		b.Fatal(err)
+	}
+	idleCtx, stopIdle := context.WithCancel(context.Background())
+	idleDone := make(chan error, 1)
+	go func() { idleDone <- idle.Run(idleCtx) }()
+	b.Cleanup(func() { stopIdle(); <-idleDone })
+	select {
+	case <-idle.Ready():
+	case err := <-idleDone:
+		b.Fatal(err)
+	}
 	measure() // warm up
 	variants := []struct {
 		name string
