@@ -239,11 +239,16 @@ func (c *conn) h2Stream(w http.ResponseWriter, r *http.Request, cc *http.ClientC
 // response on a kept-alive connection allocates none.
 const relayBufSize = 64 << 10
 
+// preallocBody bounds the buffer readBody allocates for a declared length.
+const preallocBody = 1 << 20
+
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
 // readBody reads a request body whole, up to limit+1 bytes (one more
 // says it is oversized), as io.ReadAll would, but allocates nothing for a
-// stream that ended with its headers and once for a declared length.
+// stream that ended with its headers and once for a declared length up
+// to preallocBody (a longer one grows as its bytes arrive: a declared
+// length costs no memory before the bytes are sent).
 func readBody(r *http.Request, limit int) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -251,7 +256,7 @@ func readBody(r *http.Request, limit int) ([]byte, error) {
 	lr := io.LimitReader(r.Body, int64(limit)+1)
 	size := 512
 	if r.ContentLength >= 0 {
-		size = int(min(r.ContentLength, int64(limit))) + 1
+		size = int(min(r.ContentLength, int64(limit), preallocBody)) + 1
 	}
 	b := make([]byte, 0, size)
 	for {

@@ -3,6 +3,7 @@ package intercept
 import (
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -141,5 +142,44 @@ func TestUpstreamResumption(t *testing.T) {
 	}
 	if n := len(w.received()); n != 3 {
 		t.Fatalf("the untrusted proxy's requests reached the world: %d requests", n)
+	}
+}
+
+// TestReadBody: readBody returns what io.ReadAll of the first limit+1
+// bytes would, whatever length the request declared.
+func TestReadBody(t *testing.T) {
+	const limit = 100
+	for _, tc := range []struct {
+		name     string
+		body     string
+		declared int64
+		nobody   bool
+	}{
+		{name: "no body", nobody: true},
+		{name: "empty, declared", declared: 0},
+		{name: "declared", body: "hello", declared: 5},
+		{name: "unknown length", body: strings.Repeat("x", 700), declared: -1},
+		{name: "at the limit", body: strings.Repeat("y", limit), declared: limit},
+		{name: "over the limit, declared", body: strings.Repeat("z", 3*limit), declared: 3 * limit},
+		{name: "over the limit, unknown", body: strings.Repeat("w", 3*limit), declared: -1},
+		{name: "declared more than sent", body: "short", declared: 50},
+		{name: "declared less than sent", body: "longer than said", declared: 3},
+	} {
+		r, err := http.NewRequest("POST", "https://world.test/", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.ContentLength = tc.declared
+		if tc.nobody {
+			r.Body = http.NoBody
+		}
+		got, err := readBody(r, limit)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		want := tc.body[:min(len(tc.body), limit+1)]
+		if string(got) != want {
+			t.Errorf("%s: got %d bytes %.12q…, want %d bytes %.12q…", tc.name, len(got), got, len(want), want)
+		}
 	}
 }
