@@ -59,16 +59,34 @@ func (s *Iperf) Run(tb testing.TB, ns string, cport uint16, seconds int) IperfRe
 	if cport != 0 {
 		args = append(args, "--cport", strconv.Itoa(int(cport)))
 	}
+	var r struct {
+		Error string `json:"error"`
+		End   struct {
+			SumReceived struct {
+				Bytes         float64 `json:"bytes"`
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
 	var out []byte
 	var err error
 	var client *os.ProcessState
 	var server time.Duration
-	for try := 0; try < 3; try++ { // the server refuses a test while finishing the last one
+	// The server refuses a test while it finishes the last one (it
+	// reopens its listener between tests); iperf3 may then exit 0 with
+	// the error in its JSON.
+	for try := 0; try < 5; try++ {
 		s0 := s.cpu(tb)
 		cmd := exec.Command("ip", args...)
 		out, err = cmd.Output()
 		server = s.cpu(tb) - s0
 		client = cmd.ProcessState
+		if err == nil {
+			r.Error, r.End.SumReceived.Bytes = "", 0
+			if err = json.Unmarshal(out, &r); err == nil && (r.Error != "" || r.End.SumReceived.Bytes == 0) {
+				err = fmt.Errorf("nothing received (%q)", r.Error)
+			}
+		}
 		if err == nil {
 			break
 		}
@@ -76,20 +94,6 @@ func (s *Iperf) Run(tb testing.TB, ns string, cport uint16, seconds int) IperfRe
 	}
 	if err != nil {
 		tb.Fatalf("iperf3: %v\n%s", err, out)
-	}
-	var r struct {
-		End struct {
-			SumReceived struct {
-				Bytes         float64 `json:"bytes"`
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal(out, &r); err != nil {
-		tb.Fatal(err)
-	}
-	if r.End.SumReceived.Bytes == 0 {
-		tb.Fatalf("iperf3: nothing received:\n%s", out)
 	}
 	cpu := client.UserTime() + client.SystemTime() + server
 	return IperfResult{Gbps: r.End.SumReceived.BitsPerSecond / 1e9, CPUPerByte: float64(cpu.Nanoseconds()) / r.End.SumReceived.Bytes}
