@@ -99,6 +99,8 @@ type Engine struct {
 	opCache   map[string]*OpSpec
 	stats     Stats
 	audit     *auditor
+	events    eventSlab    // the decisions' Events (hotpath.go)
+	releases  releaseTexts // memoised release justifications
 }
 
 // traceEntry is an event as the engine remembers it.
@@ -379,7 +381,9 @@ func (e *Engine) Propose(ctx context.Context, ev Event) Result {
 		ev.Time = e.opt.Now()
 	}
 	e.stats.Proposed++
-	evp := &ev
+	// The copy the decision points to; evaluate redacts it and applies
+	// the operation's roles.
+	evp := e.events.put(&ev)
 	var d Decision
 	for {
 		d = e.evaluate(p, evp)
@@ -444,8 +448,8 @@ func (e *Engine) Propose(ctx context.Context, ev Event) Result {
 		e.labelWritesLocked(&d, e.loc)
 	}
 	e.count(d.Verdict)
-	e.remember(traceEntry{ev: clipEvent(ev, e.opt.MaxTraceContent), verdict: d.Verdict})
-	e.audit.decision(ev.Time, &d, 0)
+	e.remember(traceEntry{ev: clipEvent(*evp, e.opt.MaxTraceContent), verdict: d.Verdict})
+	e.audit.decision(evp.Time, &d, 0)
 	res.Decision = d
 	return res
 }
@@ -492,6 +496,7 @@ func (e *Engine) holdLocked(d *Decision, code string) {
 		e.labelWritesLocked(d, sc.loc)
 	}
 	cp := *d
+	detach(&cp) // held until the scope resolves: pin no chunk of events
 	sc.held = append(sc.held, &cp)
 }
 

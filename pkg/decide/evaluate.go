@@ -176,8 +176,7 @@ func (e *Engine) clearanceCheck(p *Policy, ev *Event, spec *OpSpec, d Decision) 
 	}
 	d.Verdict, d.Layer, d.Policy = Release, LayerProvenance, Release
 	d.Reason = Reason{Code: CodeTrusted, Level: p.LevelName(level), Clearance: p.LevelName(clearance), Party: party}
-	d.Justification = "every gated value is derivable from trusted sources and its " + p.LevelName(level) +
-		" data is cleared for " + partyOr(party) + " (" + p.LevelName(clearance) + ")"
+	d.Justification = e.releases.text(p, level, clearance, party)
 	return d
 }
 
