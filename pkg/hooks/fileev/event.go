@@ -42,152 +42,198 @@ func Events(r *Record) []decide.Event {
 	if r.Kind != KindSyscall || r.Ret < 0 || r.Malformed != "" {
 		return nil
 	}
-	out := func(op string, fields ...decide.Field) decide.Event {
-		obj, in := r.Path, r.InRoot
-		if !in && r.InRoot2 {
-			obj = r.Path2
-		}
-		return decide.Event{Time: r.Time, Ch: decide.ChanFile, Dir: decide.Out, Obj: obj, Op: op,
-			Kind: decide.Stageable, Fields: fields}
+	if int(r.Op) >= len(eventMappers) || eventMappers[r.Op] == nil {
+		return nil // bookkeeping: close, dup, chdir
 	}
-	target := func(name, p string) decide.Field {
-		return decide.Field{Name: name, Role: decide.RoleTarget, Value: p}
-	}
-	control := func(name, v string) decide.Field {
-		return decide.Field{Name: name, Role: decide.RoleControl, Value: v}
-	}
-	octal := func(m uint32) string { return "0" + strconv.FormatUint(uint64(m&0o7777), 8) }
-	dec := func(v int64) string { return strconv.FormatInt(v, 10) }
-	read := func(p string) decide.Event {
-		return decide.Event{Time: r.Time, Ch: decide.ChanFile, Dir: decide.In, Obj: p, Op: OpNameRead,
-			Content: r.Content, Source: "file:" + p}
-	}
-	write := func(p string) decide.Event {
-		ev := out(OpNameWrite, target("path", p), control("offset", dec(r.Offset)),
-			decide.Field{Name: "data", Role: decide.RoleContent, Value: r.Content})
-		ev.Obj = p
-		ev.Content = r.Content
-		return ev
-	}
+	return eventMappers[r.Op](r)
+}
 
-	switch r.Op {
-	case OpRead:
-		if r.InRoot && r.Ret > 0 {
-			return []decide.Event{read(r.Path)}
-		}
-	case OpWrite:
-		if r.InRoot && r.Ret > 0 {
-			return []decide.Event{write(r.Path)}
-		}
-	case OpMmap:
+// eventMappers map each operation class to its decide.Events; an
+// operation without one (close, dup, chdir) maps to none.
+var eventMappers = [opMax]func(r *Record) []decide.Event{
+	OpRead:        readEvents,
+	OpWrite:       writeEvents,
+	OpMmap:        mmapEvents,
+	OpCopy:        copyEvents,
+	OpOpen:        openEvents,
+	OpTruncate:    inRoot(truncateEvent),
+	OpFallocate:   inRoot(fallocateEvent),
+	OpUnlink:      inRoot(pathEvent(OpNameUnlink)),
+	OpRmdir:       inRoot(pathEvent(OpNameRmdir)),
+	OpMkdir:       inRoot(modeEvent(OpNameMkdir, octal)),
+	OpMknod:       inRoot(modeEvent(OpNameCreate, fullOctal)),
+	OpRename:      twoPathEvents(OpNameRename),
+	OpLink:        twoPathEvents(OpNameLink),
+	OpSymlink:     inRoot(symlinkEvent),
+	OpChmod:       inRoot(modeEvent(OpNameChmod, octal)),
+	OpChown:       inRoot(chownEvent),
+	OpSetxattr:    inRoot(xattrEvent(OpNameSetxattr)),
+	OpRemovexattr: inRoot(xattrEvent(OpNameRemovexattr)),
+}
+
+// outEvent is an outgoing, stageable event of r: its object is r's path
+// in M (the destination's when only that is in M).
+func outEvent(r *Record, op string, fields ...decide.Field) decide.Event {
+	obj := r.Path
+	if !r.InRoot && r.InRoot2 {
+		obj = r.Path2
+	}
+	return decide.Event{Time: r.Time, Ch: decide.ChanFile, Dir: decide.Out, Obj: obj, Op: op,
+		Kind: decide.Stageable, Fields: fields}
+}
+
+func target(name, p string) decide.Field {
+	return decide.Field{Name: name, Role: decide.RoleTarget, Value: p}
+}
+
+func control(name, v string) decide.Field {
+	return decide.Field{Name: name, Role: decide.RoleControl, Value: v}
+}
+
+// octal is a mode's permission bits; fullOctal keeps the file type
+// (mknod's mode says what it creates).
+func octal(m uint32) string     { return "0" + strconv.FormatUint(uint64(m&0o7777), 8) }
+func fullOctal(m uint32) string { return "0" + strconv.FormatUint(uint64(m), 8) }
+
+func dec(v int64) string { return strconv.FormatInt(v, 10) }
+
+// inRoot maps a record whose one object is r.Path to its event when
+// that is inside M.
+func inRoot(f func(r *Record) decide.Event) func(r *Record) []decide.Event {
+	return func(r *Record) []decide.Event {
 		if !r.InRoot {
 			return nil
 		}
-		var evs []decide.Event
-		if r.Mode&protRead != 0 {
-			evs = append(evs, read(r.Path))
+		return []decide.Event{f(r)}
+	}
+}
+
+// readEvent is the incoming event of a read of p: its content is what
+// was read.
+func readEvent(r *Record, p string) decide.Event {
+	return decide.Event{Time: r.Time, Ch: decide.ChanFile, Dir: decide.In, Obj: p, Op: OpNameRead,
+		Content: r.Content, Source: "file:" + p}
+}
+
+// writeEvent is the outgoing event of a write of r.Content at offset
+// into p.
+func writeEvent(r *Record, p string, offset int64) decide.Event {
+	ev := outEvent(r, OpNameWrite, target("path", p), control("offset", dec(offset)),
+		decide.Field{Name: "data", Role: decide.RoleContent, Value: r.Content})
+	ev.Obj = p
+	ev.Content = r.Content
+	return ev
+}
+
+func readEvents(r *Record) []decide.Event {
+	if r.InRoot && r.Ret > 0 {
+		return []decide.Event{readEvent(r, r.Path)}
+	}
+	return nil
+}
+
+func writeEvents(r *Record) []decide.Event {
+	if r.InRoot && r.Ret > 0 {
+		return []decide.Event{writeEvent(r, r.Path, r.Offset)}
+	}
+	return nil
+}
+
+func mmapEvents(r *Record) []decide.Event {
+	if !r.InRoot {
+		return nil
+	}
+	var evs []decide.Event
+	if r.Mode&protRead != 0 {
+		evs = append(evs, readEvent(r, r.Path))
+	}
+	if r.Mode&protWrite != 0 && (r.Flags&mapSharedVal == mapShared || r.Flags&mapSharedVal == mapSharedVal) {
+		// The bytes are written later through memory: only the
+		// staging layer sees them.
+		evs = append(evs, outEvent(r, OpNameWrite, target("path", r.Path), control("offset", dec(r.Offset)),
+			control("length", dec(r.Length)), control("via", "mmap")))
+	}
+	return evs
+}
+
+func copyEvents(r *Record) []decide.Event {
+	if r.Ret <= 0 {
+		return nil
+	}
+	var evs []decide.Event
+	if r.InRoot && r.Path != "" {
+		evs = append(evs, readEvent(r, r.Path))
+	}
+	if r.InRoot2 && r.Path2 != "" {
+		evs = append(evs, writeEvent(r, r.Path2, r.Offset2))
+	}
+	return evs
+}
+
+func openEvents(r *Record) []decide.Event {
+	if !r.InRoot {
+		return nil
+	}
+	acc := r.Flags & oAccMode
+	switch {
+	case r.Flags&oTmpfile == oTmpfile:
+		return nil // unnamed until linkat: that is the effect
+	case r.Flags&oCreat != 0:
+		// O_CREAT: the file may have been created (and, with O_TRUNC,
+		// an existing one emptied).
+		fields := []decide.Field{target("path", r.Path), control("mode", octal(r.Mode))}
+		if r.Flags&oTrunc != 0 && acc != 0 {
+			fields = append(fields, control("truncate", "true"))
 		}
-		if r.Mode&protWrite != 0 && (r.Flags&mapSharedVal == mapShared || r.Flags&mapSharedVal == mapSharedVal) {
-			// The bytes are written later through memory: only the
-			// staging layer sees them.
-			ev := out(OpNameWrite, target("path", r.Path), control("offset", dec(r.Offset)),
-				control("length", dec(r.Length)), control("via", "mmap"))
-			evs = append(evs, ev)
-		}
-		return evs
-	case OpCopy:
-		var evs []decide.Event
-		if r.Ret <= 0 {
-			return nil
-		}
-		if r.InRoot && r.Path != "" {
-			evs = append(evs, read(r.Path))
-		}
-		if r.InRoot2 && r.Path2 != "" {
-			ev := write(r.Path2)
-			ev.Fields[1].Value = dec(r.Offset2)
-			evs = append(evs, ev)
-		}
-		return evs
-	case OpOpen:
-		if !r.InRoot {
-			return nil
-		}
-		acc := r.Flags & oAccMode
-		switch {
-		case r.Flags&oTmpfile == oTmpfile:
-			return nil // unnamed until linkat: that is the effect
-		case r.Flags&oCreat != 0:
-			// O_CREAT: the file may have been created (and, with
-			// O_TRUNC, an existing one emptied).
-			fields := []decide.Field{target("path", r.Path), control("mode", octal(r.Mode))}
-			if r.Flags&oTrunc != 0 && acc != 0 {
-				fields = append(fields, control("truncate", "true"))
-			}
-			return []decide.Event{out(OpNameCreate, fields...)}
-		case r.Flags&oTrunc != 0 && (acc == oWronly || acc == oRdwr):
-			return []decide.Event{out(OpNameTruncate, target("path", r.Path), control("length", "0"))}
-		}
-	case OpTruncate:
-		if r.InRoot {
-			return []decide.Event{out(OpNameTruncate, target("path", r.Path), control("length", dec(r.Length)))}
-		}
-	case OpFallocate:
-		if r.InRoot {
-			return []decide.Event{out(OpNameWrite, target("path", r.Path), control("offset", dec(r.Offset)),
-				control("length", dec(r.Length)), control("fallocate", "0x"+strconv.FormatUint(r.Flags, 16)))}
-		}
-	case OpUnlink:
-		if r.InRoot {
-			return []decide.Event{out(OpNameUnlink, target("path", r.Path))}
-		}
-	case OpRmdir:
-		if r.InRoot {
-			return []decide.Event{out(OpNameRmdir, target("path", r.Path))}
-		}
-	case OpMkdir:
-		if r.InRoot {
-			return []decide.Event{out(OpNameMkdir, target("path", r.Path), control("mode", octal(r.Mode)))}
-		}
-	case OpMknod:
-		if r.InRoot {
-			return []decide.Event{out(OpNameCreate, target("path", r.Path),
-				control("mode", "0"+strconv.FormatUint(uint64(r.Mode), 8)))}
-		}
-	case OpRename, OpLink:
+		return []decide.Event{outEvent(r, OpNameCreate, fields...)}
+	case r.Flags&oTrunc != 0 && (acc == oWronly || acc == oRdwr):
+		return []decide.Event{outEvent(r, OpNameTruncate, target("path", r.Path), control("length", "0"))}
+	}
+	return nil
+}
+
+func truncateEvent(r *Record) decide.Event {
+	return outEvent(r, OpNameTruncate, target("path", r.Path), control("length", dec(r.Length)))
+}
+
+func symlinkEvent(r *Record) decide.Event {
+	return outEvent(r, OpNameSymlink, target("path", r.Path), target("linkto", r.Name))
+}
+
+func fallocateEvent(r *Record) decide.Event {
+	return outEvent(r, OpNameWrite, target("path", r.Path), control("offset", dec(r.Offset)),
+		control("length", dec(r.Length)), control("fallocate", "0x"+strconv.FormatUint(r.Flags, 16)))
+}
+
+func pathEvent(op string) func(r *Record) decide.Event {
+	return func(r *Record) decide.Event { return outEvent(r, op, target("path", r.Path)) }
+}
+
+func modeEvent(op string, mode func(uint32) string) func(r *Record) decide.Event {
+	return func(r *Record) decide.Event {
+		return outEvent(r, op, target("path", r.Path), control("mode", mode(r.Mode)))
+	}
+}
+
+func chownEvent(r *Record) decide.Event {
+	return outEvent(r, OpNameChown, target("path", r.Path), control("uid", dec(r.UID)), control("gid", dec(r.GID)))
+}
+
+func xattrEvent(op string) func(r *Record) decide.Event {
+	return func(r *Record) decide.Event { return outEvent(r, op, target("path", r.Path), control("name", r.Name)) }
+}
+
+// twoPathEvents maps rename and link: an effect on M when either path is
+// in it.
+func twoPathEvents(op string) func(r *Record) []decide.Event {
+	return func(r *Record) []decide.Event {
 		if !r.InRoot && !r.InRoot2 {
 			return nil
-		}
-		op := OpNameRename
-		if r.Op == OpLink {
-			op = OpNameLink
 		}
 		fields := []decide.Field{target("path", r.Path), target("newpath", r.Path2)}
 		if r.Flags != 0 {
 			fields = append(fields, control("flags", "0x"+strconv.FormatUint(r.Flags, 16)))
 		}
-		return []decide.Event{out(op, fields...)}
-	case OpSymlink:
-		if r.InRoot {
-			return []decide.Event{out(OpNameSymlink, target("path", r.Path), target("linkto", r.Name))}
-		}
-	case OpChmod:
-		if r.InRoot {
-			return []decide.Event{out(OpNameChmod, target("path", r.Path), control("mode", octal(r.Mode)))}
-		}
-	case OpChown:
-		if r.InRoot {
-			return []decide.Event{out(OpNameChown, target("path", r.Path), control("uid", dec(r.UID)),
-				control("gid", dec(r.GID)))}
-		}
-	case OpSetxattr, OpRemovexattr:
-		if r.InRoot {
-			op := OpNameSetxattr
-			if r.Op == OpRemovexattr {
-				op = OpNameRemovexattr
-			}
-			return []decide.Event{out(op, target("path", r.Path), control("name", r.Name))}
-		}
+		return []decide.Event{outEvent(r, op, fields...)}
 	}
-	return nil
 }

@@ -400,7 +400,9 @@ func kdev(d uint32) uint64 {
 }
 
 // resolve turns a raw syscall, fork or exit record into a Record and
-// updates the per-process state.
+// updates the per-process state. Each operation class has its handler in
+// opHandlers; what they share (the record's header, the path checks, the
+// malformed verdict) is here.
 func (r *resolver) resolve(e *rawEvent) Record {
 	rec := Record{Time: r.boot(e.TS), PID: int(e.Tgid), TID: int(e.Tid), Target: int(e.Target),
 		FD: -1, UID: -1, GID: -1}
@@ -425,339 +427,520 @@ func (r *resolver) resolve(e *rawEvent) Record {
 	rec.Op = e.Op
 	rec.Syscall = syscallNames[e.Nr]
 	rec.Ret = e.Ret
-	var err error
-	fail := func(what string, e2 error) {
-		if err == nil && e2 != nil {
-			err = fmt.Errorf("%s: %w", what, e2)
-		}
-	}
-	// checkPaths flags arguments the kernel could not give us whole.
+	c := resolving{r: r, e: e, rec: &rec, pid: rec.PID}
+	// Flag the path arguments the kernel could not give whole.
 	for i := range 2 {
 		switch {
 		case e.Flags&(fP0Fault<<i) != 0:
-			fail(fmt.Sprintf("path argument %d", i), fmt.Errorf("unreadable"))
+			c.fail(fmt.Sprintf("path argument %d", i), fmt.Errorf("unreadable"))
 		case e.Flags&(fP0Trunc<<i) != 0:
-			fail(fmt.Sprintf("path argument %d", i), fmt.Errorf("longer than %d bytes", pathMax-1))
+			c.fail(fmt.Sprintf("path argument %d", i), fmt.Errorf("longer than %d bytes", pathMax-1))
 		}
 	}
-	a := e.Args
-	pid := rec.PID
-	setPath := func(slot int, p string, e2 error) {
-		if e2 != nil {
-			fail(rec.Syscall, e2)
-			return
-		}
-		rel, in, e3 := r.inside(e.Target, pid, p)
-		if e3 != nil {
-			fail(rec.Syscall, e3)
-			return
-		}
-		if slot == 0 {
-			rec.Path, rec.InRoot = rel, in
-		} else {
-			rec.Path2, rec.InRoot2 = rel, in
-		}
+	if int(e.Op) < len(opHandlers) && opHandlers[e.Op] != nil {
+		opHandlers[e.Op](&c)
 	}
-	// fdObj resolves descriptor fd as the object of the operation and
-	// applies the device check: a file on another filesystem than M is
-	// outside, whatever its path says.
-	fdObj := func(slot int, fd int64) {
-		fi, ok := e.fi(fd)
-		p, e2 := r.fdPath(pid, int(fd), fi, ok)
-		setPath(slot, p, e2)
-		if e2 == nil && ok {
-			if slot == 0 {
-				r.devCheck(fi, p, &rec.Path, &rec.InRoot)
-			} else {
-				r.devCheck(fi, p, &rec.Path2, &rec.InRoot2)
-			}
-		}
-		if ok && slot == 0 {
-			rec.Dev, rec.Ino = kdev(fi.Dev), fi.Ino
-		}
-	}
-	at := func(slot int, dirfd int64, pi int, flags uint64) {
-		if pi >= 0 {
-			p, e2 := r.pathAt(e, dirfd, e.Path[pi], e.HasP[pi], flags)
-			setPath(slot, p, e2)
-		} else {
-			p, e2 := r.pathAt(e, dirfd, "", false, flags)
-			setPath(slot, p, e2)
-		}
-	}
-	dataOffset := func(fd int64, explicit int64, hasExplicit bool) int64 {
-		if hasExplicit {
-			return explicit
-		}
-		if fi, ok := e.fi(fd); ok && e.Ret > 0 {
-			return fi.Pos - e.Ret
-		}
-		return -1
-	}
-	sfd := func(v uint64) int64 { return int64(int32(uint32(v))) }
-
-	switch e.Op {
-	case OpOpen:
-		var dirfd int64 = atFDCWD
-		pi := 0
-		switch rec.Syscall {
-		case "open":
-			rec.Flags, rec.Mode = a[1], uint32(a[2])
-		case "creat":
-			rec.Flags, rec.Mode = oCreat|oWronly|oTrunc, uint32(a[1])
-		case "openat":
-			dirfd, rec.Flags, rec.Mode = sfd(a[0]), a[2], uint32(a[3])
-		case "openat2":
-			dirfd = sfd(a[0])
-			if e.Flags&fAux0 != 0 {
-				rec.Flags, rec.Mode = e.Aux[0], uint32(e.Aux[1])
-			} else if e.Ret >= 0 {
-				fail("openat2", fmt.Errorf("open_how unreadable"))
-			}
-		case "open_by_handle_at":
-			dirfd, rec.Flags, pi = sfd(a[0]), a[2], -1
-		}
-		if e.Ret >= 0 {
-			rec.FD = int(e.Ret)
-			fi, haveFI := e.fi(e.Ret)
-			var p string
-			var e2 error
-			if pi >= 0 {
-				p, e2 = r.pathAt(e, dirfd, e.Path[0], e.HasP[0], 0)
-			}
-			if pi < 0 || e2 != nil {
-				// The process's own view of the new descriptor.
-				delete(r.state(pid).fds, rec.FD)
-				p, e2 = r.fdPath(pid, rec.FD, fi, haveFI)
-			} else {
-				if p == "/proc" && haveFI && fi.Ino != procRootIno && fi.Mode&sIFMT == sIFDIR {
-					// Not procfs's root: virtiofsd's namespace sandbox
-					// bind-mounts /proc/self/fd on /proc, then reopens
-					// its O_PATH descriptor N as openat(that, "N").
-					p = "/proc/self/fd"
-				}
-				ent := fdEntry{path: p}
-				if haveFI {
-					ent.dev, ent.ino, ent.known = fi.Dev, fi.Ino, true
-					if r.isRoot(fi) {
-						// M opened through another view of it (before
-						// a pivot into it): remember it as M.
-						p = r.viewRoot(e.Target)
-						ent.path = p
-					}
-				}
-				r.state(pid).fds[rec.FD] = ent
-			}
-			setPath(0, p, e2)
-			if haveFI {
-				rec.Dev, rec.Ino = kdev(fi.Dev), fi.Ino
-				if e2 == nil {
-					r.devCheck(fi, p, &rec.Path, &rec.InRoot)
-				}
-			}
-		} else if pi >= 0 {
-			p, e2 := r.pathAt(e, dirfd, e.Path[0], e.HasP[0], 0)
-			setPath(0, p, e2)
-		}
-	case OpRead, OpWrite:
-		fd := sfd(a[0])
-		rec.FD = int(fd)
-		fdObj(0, fd)
-		rec.Length = max(e.Ret, 0)
-		switch rec.Syscall {
-		case "pread64", "pwrite64", "preadv", "pwritev":
-			rec.Offset = int64(a[3])
-		case "preadv2", "pwritev2":
-			if a[3] == rwfOffsetNone {
-				rec.Offset = dataOffset(fd, 0, false)
-			} else {
-				rec.Offset = int64(a[3])
-			}
-		default:
-			rec.Offset = dataOffset(fd, 0, false)
-		}
-	case OpMmap:
-		fd := sfd(a[4])
-		rec.FD = int(fd)
-		fdObj(0, fd)
-		rec.Length, rec.Offset = int64(a[1]), int64(a[5])
-		rec.Mode, rec.Flags = uint32(a[2]), a[3]
-	case OpCopy:
-		var in, out int64
-		var inOff, outOff uint64
-		var hasIn, hasOut bool
-		switch rec.Syscall {
-		case "sendfile":
-			out, in = sfd(a[0]), sfd(a[1])
-			inOff, hasIn = e.Aux[0], e.Flags&fAux0 != 0
-		default: // splice, copy_file_range
-			in, out = sfd(a[0]), sfd(a[2])
-			inOff, hasIn = e.Aux[0], e.Flags&fAux0 != 0
-			outOff, hasOut = e.Aux[1], e.Flags&fAux1 != 0
-			rec.Flags = a[5]
-		}
-		rec.FD = int(in)
-		rec.Length = max(e.Ret, 0)
-		// The kernel advanced the offsets by what it moved.
-		if fi, ok := e.fi(in); ok && fi.Mode&sIFMT == sIFREG {
-			fdObj(0, in)
-			rec.Offset = dataOffset(in, int64(inOff)-rec.Length, hasIn)
-		}
-		if fi, ok := e.fi(out); ok && fi.Mode&sIFMT == sIFREG {
-			fdObj(1, out)
-			rec.Offset2 = dataOffset(out, int64(outOff)-rec.Length, hasOut)
-		}
-	case OpTruncate:
-		if rec.Syscall == "ftruncate" {
-			rec.FD = int(sfd(a[0]))
-			fdObj(0, sfd(a[0]))
-		} else {
-			at(0, atFDCWD, 0, 0)
-		}
-		rec.Length = int64(a[1])
-	case OpFallocate:
-		rec.FD = int(sfd(a[0]))
-		fdObj(0, sfd(a[0]))
-		rec.Flags, rec.Offset, rec.Length = a[1], int64(a[2]), int64(a[3])
-	case OpUnlink:
-		if rec.Syscall == "unlinkat" {
-			rec.Flags = a[2]
-			if rec.Flags&atRemoveDir != 0 {
-				rec.Op = OpRmdir
-			}
-			at(0, sfd(a[0]), 0, 0)
-		} else {
-			at(0, atFDCWD, 0, 0)
-		}
-	case OpRmdir:
-		at(0, atFDCWD, 0, 0)
-	case OpRename:
-		if rec.Syscall == "rename" {
-			at(0, atFDCWD, 0, 0)
-			at(1, atFDCWD, 1, 0)
-		} else {
-			at(0, sfd(a[0]), 0, 0)
-			at(1, sfd(a[2]), 1, 0)
-			if rec.Syscall == "renameat2" {
-				rec.Flags = a[4]
-			}
-		}
-	case OpLink:
-		if rec.Syscall == "link" {
-			at(0, atFDCWD, 0, 0)
-			at(1, atFDCWD, 1, 0)
-		} else {
-			rec.Flags = a[4]
-			at(0, sfd(a[0]), 0, rec.Flags)
-			at(1, sfd(a[2]), 1, 0)
-		}
-	case OpSymlink:
-		rec.Name = e.Path[0]
-		if rec.Syscall == "symlink" {
-			at(0, atFDCWD, 1, 0)
-		} else {
-			at(0, sfd(a[1]), 1, 0)
-		}
-	case OpMkdir, OpMknod:
-		if rec.Syscall == "mkdir" || rec.Syscall == "mknod" {
-			rec.Mode = uint32(a[1])
-			at(0, atFDCWD, 0, 0)
-		} else {
-			rec.Mode = uint32(a[2])
-			at(0, sfd(a[0]), 0, 0)
-		}
-	case OpChmod:
-		switch rec.Syscall {
-		case "chmod":
-			rec.Mode = uint32(a[1])
-			at(0, atFDCWD, 0, 0)
-		case "fchmod":
-			rec.Mode = uint32(a[1])
-			rec.FD = int(sfd(a[0]))
-			fdObj(0, sfd(a[0]))
-		default: // fchmodat, fchmodat2
-			rec.Mode = uint32(a[2])
-			if rec.Syscall == "fchmodat2" {
-				rec.Flags = a[3]
-			}
-			at(0, sfd(a[0]), 0, rec.Flags)
-		}
-	case OpChown:
-		switch rec.Syscall {
-		case "fchown":
-			rec.FD = int(sfd(a[0]))
-			fdObj(0, sfd(a[0]))
-			rec.UID, rec.GID = int64(int32(a[1])), int64(int32(a[2]))
-		case "fchownat":
-			rec.Flags = a[4]
-			rec.UID, rec.GID = int64(int32(a[2])), int64(int32(a[3]))
-			at(0, sfd(a[0]), 0, rec.Flags)
-		default: // chown, lchown
-			rec.UID, rec.GID = int64(int32(a[1])), int64(int32(a[2]))
-			at(0, atFDCWD, 0, 0)
-		}
-	case OpSetxattr, OpRemovexattr:
-		rec.Name = e.Path[1]
-		switch rec.Syscall {
-		case "fsetxattr", "fremovexattr":
-			rec.FD = int(sfd(a[0]))
-			fdObj(0, sfd(a[0]))
-		case "setxattrat", "removexattrat":
-			rec.Flags = a[2]
-			at(0, sfd(a[0]), 0, rec.Flags)
-		default:
-			at(0, atFDCWD, 0, 0)
-		}
-		if rec.Syscall == "setxattr" || rec.Syscall == "lsetxattr" || rec.Syscall == "fsetxattr" {
-			rec.Flags = a[4]
-		}
-	case OpClose:
-		fd := sfd(a[0])
-		rec.FD = int(fd)
-		fdObj(0, fd)
-		delete(r.state(pid).fds, int(fd))
-	case OpDup:
-		old := sfd(a[0])
-		if e.Ret >= 0 {
-			rec.FD = int(e.Ret)
-			// The new descriptor is the same open file as the old one.
-			fi, ok := e.fi(e.Ret)
-			p, e2 := r.fdPath(pid, int(old), fi, ok)
-			if e2 == nil {
-				ent := fdEntry{path: p}
-				if ok {
-					ent.dev, ent.ino, ent.known = fi.Dev, fi.Ino, true
-				}
-				r.state(pid).fds[rec.FD] = ent
-			} else {
-				delete(r.state(pid).fds, rec.FD)
-			}
-			setPath(0, p, e2)
-		}
-	case OpChdir:
-		var p string
-		var e2 error
-		if rec.Syscall == "fchdir" {
-			rec.FD = int(sfd(a[0]))
-			fi, ok := e.fi(sfd(a[0]))
-			p, e2 = r.fdPath(pid, rec.FD, fi, ok)
-		} else {
-			p, e2 = r.pathAt(e, atFDCWD, e.Path[0], e.HasP[0], 0)
-		}
-		setPath(0, p, e2)
-		if fi, ok := e.fi(int64(rec.FD)); ok && rec.Syscall == "fchdir" && e2 == nil {
-			r.devCheck(fi, p, &rec.Path, &rec.InRoot)
-		}
-		if e.Ret == 0 {
-			if e2 == nil {
-				r.state(pid).cwd = p
-			} else {
-				r.state(pid).cwd = "" // ask /proc next time
-			}
-		}
-	}
-	if err != nil && e.Ret >= 0 {
-		rec.Malformed = err.Error()
+	if c.err != nil && e.Ret >= 0 {
+		rec.Malformed = c.err.Error()
 	}
 	return rec
+}
+
+// opHandlers resolve each operation class: they read the syscall's
+// arguments into the Record, resolve its paths and update the process's
+// descriptors and working directory.
+var opHandlers = [opMax]func(c *resolving){
+	OpOpen:        resolveOpen,
+	OpRead:        resolveData,
+	OpWrite:       resolveData,
+	OpMmap:        resolveMmap,
+	OpCopy:        resolveCopy,
+	OpTruncate:    resolveTruncate,
+	OpFallocate:   resolveFallocate,
+	OpUnlink:      resolveUnlink,
+	OpRmdir:       resolveRmdir,
+	OpRename:      resolveRenameLink,
+	OpLink:        resolveRenameLink,
+	OpSymlink:     resolveSymlink,
+	OpMkdir:       resolveMkdirMknod,
+	OpMknod:       resolveMkdirMknod,
+	OpChmod:       resolveChmod,
+	OpChown:       resolveChown,
+	OpSetxattr:    resolveXattr,
+	OpRemovexattr: resolveXattr,
+	OpClose:       resolveClose,
+	OpDup:         resolveDup,
+	OpChdir:       resolveChdir,
+}
+
+// resolving is one syscall record being resolved.
+type resolving struct {
+	r   *resolver
+	e   *rawEvent
+	rec *Record
+	pid int
+	err error // the first reason the record is malformed
+}
+
+// sfd is a descriptor argument (an int in a 64-bit register).
+func sfd(v uint64) int64 { return int64(int32(uint32(v))) }
+
+func (c *resolving) fail(what string, err error) {
+	if c.err == nil && err != nil {
+		c.err = fmt.Errorf("%s: %w", what, err)
+	}
+}
+
+// setPath maps p (or its error) into path slot 0 (Path) or 1 (Path2).
+func (c *resolving) setPath(slot int, p string, err error) {
+	if err != nil {
+		c.fail(c.rec.Syscall, err)
+		return
+	}
+	rel, in, err := c.r.inside(c.e.Target, c.pid, p)
+	if err != nil {
+		c.fail(c.rec.Syscall, err)
+		return
+	}
+	if slot == 0 {
+		c.rec.Path, c.rec.InRoot = rel, in
+	} else {
+		c.rec.Path2, c.rec.InRoot2 = rel, in
+	}
+}
+
+// fdObj resolves descriptor fd as the object of the operation and
+// applies the device check: a file on another filesystem than M is
+// outside, whatever its path says.
+func (c *resolving) fdObj(slot int, fd int64) {
+	fi, ok := c.e.fi(fd)
+	p, err := c.r.fdPath(c.pid, int(fd), fi, ok)
+	c.setPath(slot, p, err)
+	if err == nil && ok {
+		if slot == 0 {
+			c.r.devCheck(fi, p, &c.rec.Path, &c.rec.InRoot)
+		} else {
+			c.r.devCheck(fi, p, &c.rec.Path2, &c.rec.InRoot2)
+		}
+	}
+	if ok && slot == 0 {
+		c.rec.Dev, c.rec.Ino = kdev(fi.Dev), fi.Ino
+	}
+}
+
+// fdArg is fdObj for the descriptor in argument i, which is also the
+// record's FD.
+func (c *resolving) fdArg(i int) {
+	fd := sfd(c.e.Args[i])
+	c.rec.FD = int(fd)
+	c.fdObj(0, fd)
+}
+
+// at resolves path argument pi (-1: none) relative to dirfd into slot.
+func (c *resolving) at(slot int, dirfd int64, pi int, flags uint64) {
+	var p string
+	var err error
+	if pi >= 0 {
+		p, err = c.r.pathAtArg(c.e, dirfd, pi, flags)
+	} else {
+		p, err = c.r.pathAt(c.e, dirfd, "", false, flags)
+	}
+	c.setPath(slot, p, err)
+}
+
+// pathAtArg is pathAt for path argument pi.
+func (r *resolver) pathAtArg(e *rawEvent, dirfd int64, pi int, flags uint64) (string, error) {
+	return r.pathAt(e, dirfd, e.Path[pi], e.HasP[pi], flags)
+}
+
+// filePos is where a data operation on fd without an explicit offset
+// started: the file position after it, less what it moved.
+func (c *resolving) filePos(fd int64) int64 {
+	if fi, ok := c.e.fi(fd); ok && c.e.Ret > 0 {
+		return fi.Pos - c.e.Ret
+	}
+	return -1
+}
+
+// atArgs says where a syscall whose object is path argument 0 keeps its
+// directory descriptor (an argument index; -1: AT_FDCWD) and, for the *at
+// variants that take them, its at-flags (-1: none).
+type atArgs struct{ dirfd, flags int }
+
+// dirfdOf is the directory descriptor of a, AT_FDCWD when it has none.
+func (c *resolving) dirfdOf(a atArgs) int64 {
+	if a.dirfd < 0 {
+		return atFDCWD
+	}
+	return sfd(c.e.Args[a.dirfd])
+}
+
+// atPath resolves path argument 0 relative to the directory a names
+// into slot 0; its at-flags are also the record's Flags.
+func (c *resolving) atPath(a atArgs) {
+	var flags uint64
+	if a.flags >= 0 {
+		flags = c.e.Args[a.flags]
+		c.rec.Flags = flags
+	}
+	c.at(0, c.dirfdOf(a), 0, flags)
+}
+
+// openArgs: where each open syscall keeps its directory descriptor, path,
+// flags and mode (-1: absent). creat's flags are implied, openat2's are
+// read from its struct open_how.
+var openArgs = map[string]struct{ dirfd, path, flags, mode int }{
+	"open":              {-1, 0, 1, 2},
+	"creat":             {-1, 0, -1, 1},
+	"openat":            {0, 1, 2, 3},
+	"openat2":           {0, 1, -1, -1},
+	"open_by_handle_at": {0, -1, 2, -1},
+}
+
+func resolveOpen(c *resolving) {
+	e, rec, r := c.e, c.rec, c.r
+	a, ok := openArgs[rec.Syscall]
+	if !ok {
+		return
+	}
+	dirfd := c.dirfdOf(atArgs{a.dirfd, -1})
+	if a.flags >= 0 {
+		rec.Flags = e.Args[a.flags]
+	}
+	if a.mode >= 0 {
+		rec.Mode = uint32(e.Args[a.mode])
+	}
+	switch rec.Syscall {
+	case "creat":
+		rec.Flags = oCreat | oWronly | oTrunc
+	case "openat2":
+		if e.Flags&fAux0 != 0 {
+			rec.Flags, rec.Mode = e.Aux[0], uint32(e.Aux[1])
+		} else if e.Ret >= 0 {
+			c.fail("openat2", fmt.Errorf("open_how unreadable"))
+		}
+	}
+	if e.Ret < 0 {
+		if a.path >= 0 {
+			c.at(0, dirfd, 0, 0)
+		}
+		return
+	}
+	rec.FD = int(e.Ret)
+	fi, haveFI := e.fi(e.Ret)
+	var p string
+	var err error
+	if a.path >= 0 {
+		p, err = r.pathAtArg(e, dirfd, 0, 0)
+	}
+	if a.path < 0 || err != nil {
+		// The process's own view of the new descriptor.
+		delete(r.state(c.pid).fds, rec.FD)
+		p, err = r.fdPath(c.pid, rec.FD, fi, haveFI)
+	} else {
+		p = r.remember(c.pid, rec.FD, p, fi, haveFI, e.Target)
+	}
+	c.setPath(0, p, err)
+	if haveFI {
+		rec.Dev, rec.Ino = kdev(fi.Dev), fi.Ino
+		if err == nil {
+			r.devCheck(fi, p, &rec.Path, &rec.InRoot)
+		}
+	}
+}
+
+// remember records descriptor fd of pid, opened at path p, and returns
+// the path it is known by.
+func (r *resolver) remember(pid, fd int, p string, fi fdInfo, haveFI bool, target uint32) string {
+	if p == "/proc" && haveFI && fi.Ino != procRootIno && fi.Mode&sIFMT == sIFDIR {
+		// Not procfs's root: virtiofsd's namespace sandbox bind-mounts
+		// /proc/self/fd on /proc, then reopens its O_PATH descriptor N
+		// as openat(that, "N").
+		p = "/proc/self/fd"
+	}
+	ent := fdEntry{path: p}
+	if haveFI {
+		ent.dev, ent.ino, ent.known = fi.Dev, fi.Ino, true
+		if r.isRoot(fi) {
+			// M opened through another view of it (before a pivot
+			// into it): remember it as M.
+			p = r.viewRoot(target)
+			ent.path = p
+		}
+	}
+	r.state(pid).fds[fd] = ent
+	return p
+}
+
+func resolveData(c *resolving) {
+	a := c.e.Args
+	c.fdArg(0)
+	c.rec.Length = max(c.e.Ret, 0)
+	switch c.rec.Syscall {
+	case "pread64", "pwrite64", "preadv", "pwritev":
+		c.rec.Offset = int64(a[3])
+	case "preadv2", "pwritev2":
+		if a[3] == rwfOffsetNone {
+			c.rec.Offset = c.filePos(sfd(a[0]))
+		} else {
+			c.rec.Offset = int64(a[3])
+		}
+	default:
+		c.rec.Offset = c.filePos(sfd(a[0]))
+	}
+}
+
+func resolveMmap(c *resolving) {
+	a := c.e.Args
+	c.fdArg(4)
+	c.rec.Length, c.rec.Offset = int64(a[1]), int64(a[5])
+	c.rec.Mode, c.rec.Flags = uint32(a[2]), a[3]
+}
+
+func resolveCopy(c *resolving) {
+	e, rec, a := c.e, c.rec, c.e.Args
+	var in, out int64
+	var inOff, outOff uint64
+	var hasIn, hasOut bool
+	switch rec.Syscall {
+	case "sendfile":
+		out, in = sfd(a[0]), sfd(a[1])
+		inOff, hasIn = e.Aux[0], e.Flags&fAux0 != 0
+	default: // splice, copy_file_range
+		in, out = sfd(a[0]), sfd(a[2])
+		inOff, hasIn = e.Aux[0], e.Flags&fAux0 != 0
+		outOff, hasOut = e.Aux[1], e.Flags&fAux1 != 0
+		rec.Flags = a[5]
+	}
+	rec.FD = int(in)
+	rec.Length = max(e.Ret, 0)
+	// The kernel advanced the offsets by what it moved.
+	off := func(fd int64, uoff uint64, has bool) int64 {
+		if has {
+			return int64(uoff) - rec.Length
+		}
+		return c.filePos(fd)
+	}
+	if fi, ok := e.fi(in); ok && fi.Mode&sIFMT == sIFREG {
+		c.fdObj(0, in)
+		rec.Offset = off(in, inOff, hasIn)
+	}
+	if fi, ok := e.fi(out); ok && fi.Mode&sIFMT == sIFREG {
+		c.fdObj(1, out)
+		rec.Offset2 = off(out, outOff, hasOut)
+	}
+}
+
+func resolveTruncate(c *resolving) {
+	if c.rec.Syscall == "ftruncate" {
+		c.fdArg(0)
+	} else {
+		c.at(0, atFDCWD, 0, 0)
+	}
+	c.rec.Length = int64(c.e.Args[1])
+}
+
+func resolveFallocate(c *resolving) {
+	a := c.e.Args
+	c.fdArg(0)
+	c.rec.Flags, c.rec.Offset, c.rec.Length = a[1], int64(a[2]), int64(a[3])
+}
+
+func resolveUnlink(c *resolving) {
+	if c.rec.Syscall != "unlinkat" {
+		c.at(0, atFDCWD, 0, 0)
+		return
+	}
+	c.rec.Flags = c.e.Args[2]
+	if c.rec.Flags&atRemoveDir != 0 {
+		c.rec.Op = OpRmdir
+	}
+	c.at(0, sfd(c.e.Args[0]), 0, 0)
+}
+
+func resolveRmdir(c *resolving) { c.at(0, atFDCWD, 0, 0) }
+
+// twoPathArgs: where rename and link keep their directory descriptors
+// (-1: AT_FDCWD) and flags (-1: none); the paths are path arguments 0
+// and 1. linkat's flags (AT_EMPTY_PATH) apply to its source.
+var twoPathArgs = map[string]struct{ olddir, newdir, flags int }{
+	"rename":    {-1, -1, -1},
+	"renameat":  {0, 2, -1},
+	"renameat2": {0, 2, 4},
+	"link":      {-1, -1, -1},
+	"linkat":    {0, 2, 4},
+}
+
+func resolveRenameLink(c *resolving) {
+	a, ok := twoPathArgs[c.rec.Syscall]
+	if !ok {
+		return
+	}
+	var srcFlags uint64
+	if a.flags >= 0 {
+		c.rec.Flags = c.e.Args[a.flags]
+		if c.rec.Op == OpLink {
+			srcFlags = c.rec.Flags
+		}
+	}
+	c.at(0, c.dirfdOf(atArgs{a.olddir, -1}), 0, srcFlags)
+	c.at(1, c.dirfdOf(atArgs{a.newdir, -1}), 1, 0)
+}
+
+func resolveSymlink(c *resolving) {
+	c.rec.Name = c.e.Path[0]
+	if c.rec.Syscall == "symlink" {
+		c.at(0, atFDCWD, 1, 0)
+	} else {
+		c.at(0, sfd(c.e.Args[1]), 1, 0)
+	}
+}
+
+func resolveMkdirMknod(c *resolving) {
+	a := c.e.Args
+	if c.rec.Syscall == "mkdir" || c.rec.Syscall == "mknod" {
+		c.rec.Mode = uint32(a[1])
+		c.at(0, atFDCWD, 0, 0)
+	} else {
+		c.rec.Mode = uint32(a[2])
+		c.at(0, sfd(a[0]), 0, 0)
+	}
+}
+
+// chmodArgs: where each chmod keeps its descriptor or path (atArgs; fd
+// ≥ 0: a descriptor operation) and its mode.
+var chmodArgs = map[string]struct {
+	fd   int
+	at   atArgs
+	mode int
+}{
+	"chmod":     {-1, atArgs{-1, -1}, 1},
+	"fchmod":    {0, atArgs{}, 1},
+	"fchmodat":  {-1, atArgs{0, -1}, 2},
+	"fchmodat2": {-1, atArgs{0, 3}, 2},
+}
+
+func resolveChmod(c *resolving) {
+	a, ok := chmodArgs[c.rec.Syscall]
+	if !ok {
+		return
+	}
+	c.rec.Mode = uint32(c.e.Args[a.mode])
+	if a.fd >= 0 {
+		c.fdArg(a.fd)
+		return
+	}
+	c.atPath(a.at)
+}
+
+// chownArgs: where each chown keeps its descriptor or path and its uid
+// (the gid follows it).
+var chownArgs = map[string]struct {
+	fd  int
+	at  atArgs
+	uid int
+}{
+	"chown":    {-1, atArgs{-1, -1}, 1},
+	"lchown":   {-1, atArgs{-1, -1}, 1},
+	"fchown":   {0, atArgs{}, 1},
+	"fchownat": {-1, atArgs{0, 4}, 2},
+}
+
+func resolveChown(c *resolving) {
+	a, ok := chownArgs[c.rec.Syscall]
+	if !ok {
+		return
+	}
+	if a.fd >= 0 {
+		c.fdArg(a.fd)
+	}
+	c.rec.UID, c.rec.GID = int64(int32(c.e.Args[a.uid])), int64(int32(c.e.Args[a.uid+1]))
+	if a.fd < 0 {
+		c.atPath(a.at)
+	}
+}
+
+// xattrArgs: where each xattr syscall keeps its descriptor or path, and
+// its flags (setxattr's XATTR_CREATE/REPLACE; the *at variants'
+// at-flags). The attribute's name is path argument 1.
+var xattrArgs = map[string]struct {
+	fd    int
+	at    atArgs
+	flags int
+}{
+	"setxattr":      {-1, atArgs{-1, -1}, 4},
+	"lsetxattr":     {-1, atArgs{-1, -1}, 4},
+	"fsetxattr":     {0, atArgs{}, 4},
+	"setxattrat":    {-1, atArgs{0, 2}, -1},
+	"removexattr":   {-1, atArgs{-1, -1}, -1},
+	"lremovexattr":  {-1, atArgs{-1, -1}, -1},
+	"fremovexattr":  {0, atArgs{}, -1},
+	"removexattrat": {-1, atArgs{0, 2}, -1},
+}
+
+func resolveXattr(c *resolving) {
+	c.rec.Name = c.e.Path[1]
+	a, ok := xattrArgs[c.rec.Syscall]
+	if !ok {
+		return
+	}
+	if a.fd >= 0 {
+		c.fdArg(a.fd)
+	} else {
+		c.atPath(a.at)
+	}
+	if a.flags >= 0 {
+		c.rec.Flags = c.e.Args[a.flags]
+	}
+}
+
+func resolveClose(c *resolving) {
+	c.fdArg(0)
+	delete(c.r.state(c.pid).fds, c.rec.FD)
+}
+
+func resolveDup(c *resolving) {
+	e, rec, r := c.e, c.rec, c.r
+	if e.Ret < 0 {
+		return
+	}
+	rec.FD = int(e.Ret)
+	// The new descriptor is the same open file as the old one.
+	fi, ok := e.fi(e.Ret)
+	p, err := r.fdPath(c.pid, int(sfd(e.Args[0])), fi, ok)
+	if err == nil {
+		ent := fdEntry{path: p}
+		if ok {
+			ent.dev, ent.ino, ent.known = fi.Dev, fi.Ino, true
+		}
+		r.state(c.pid).fds[rec.FD] = ent
+	} else {
+		delete(r.state(c.pid).fds, rec.FD)
+	}
+	c.setPath(0, p, err)
+}
+
+func resolveChdir(c *resolving) {
+	e, rec, r := c.e, c.rec, c.r
+	var p string
+	var err error
+	if rec.Syscall == "fchdir" {
+		rec.FD = int(sfd(e.Args[0]))
+		fi, ok := e.fi(sfd(e.Args[0]))
+		p, err = r.fdPath(c.pid, rec.FD, fi, ok)
+		c.setPath(0, p, err)
+		if ok && err == nil {
+			r.devCheck(fi, p, &rec.Path, &rec.InRoot)
+		}
+	} else {
+		p, err = r.pathAtArg(e, atFDCWD, 0, 0)
+		c.setPath(0, p, err)
+	}
+	if e.Ret == 0 {
+		if err == nil {
+			r.state(c.pid).cwd = p
+		} else {
+			r.state(c.pid).cwd = "" // ask /proc next time
+		}
+	}
 }
