@@ -2,6 +2,7 @@ package decide_test
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -43,5 +44,23 @@ func TestAgentDojoPoliciesRoundTrip(t *testing.T) {
 	}
 	if rules == 0 {
 		t.Error("no field rule in the AgentDojo policies")
+	}
+}
+
+func TestFieldsSummary(t *testing.T) {
+	pol, err := decide.LoadPolicy(filepath.Join("testdata", "policy", "valid-fields.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "  fields      5 rules: own-payees (trusted recipient), own-mail-recipients (trusted *.recipients), named-file-ids (trusted id_), api-account-ids (trusted data.accounts.*.id), catalogue-reviews (untrusted *.reviews)\n"
+	if got := pol.Summary(); !strings.Contains(got, want) {
+		t.Errorf("Summary has no line %q:\n%s", want, got)
+	}
+	pol, err = decide.LoadPolicy(filepath.Join("testdata", "policy", "valid-banking.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(pol.Summary(), "fields") {
+		t.Errorf("a policy without field rules has a fields line:\n%s", pol.Summary())
 	}
 }

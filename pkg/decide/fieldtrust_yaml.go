@@ -178,3 +178,13 @@ func fieldDocs(rs []FieldRule) []fieldDoc {
 	}
 	return out
 }
+
+// fieldsSummary is the fields line of Policy.Summary: the rules' names
+// with what they mark.
+func fieldsSummary(rs []FieldRule) string {
+	var names []string
+	for _, r := range rs {
+		names = append(names, r.Name+" ("+r.Trust.String()+" "+r.Path.String()+")")
+	}
+	return summaryCount(len(rs), "rule") + summaryNames(names)
+}

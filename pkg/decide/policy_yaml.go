@@ -1229,6 +1229,9 @@ func (p *Policy) Summary() string {
 		ss = append(ss, s.Name+" ("+p.LevelName(s.Level)+")")
 	}
 	fmt.Fprintf(&b, "  sensitive   %s%s\n", summaryCount(len(p.Sensitive), "source"), summaryNames(ss))
+	if len(p.Fields) > 0 {
+		fmt.Fprintf(&b, "  fields      %s\n", fieldsSummary(p.Fields)) // fieldtrust_yaml.go
+	}
 	var ps []string
 	for _, pt := range p.Parties {
 		ps = append(ps, pt.Name+" ("+p.LevelName(pt.Clearance)+")")
