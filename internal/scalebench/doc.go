@@ -1,0 +1,36 @@
+// Package scalebench measures carbd at fleet scale on one host: many
+// `carbd run` processes at once, each a namespace sandbox with its own
+// verdict loop (issue 13, "a hundred sandboxes per host").
+//
+// # What it measures
+//
+// BenchmarkHundredSandboxes starts CARBD_SCALE_N (default 100) `carbd
+// run` processes at once in front of one world namespace (an HTTP
+// server), each running a small agent loop: three HTTP requests its task
+// names and three file writes. It reports
+//
+//   - start-to-exec latency, p50 and p99: from the start of `carbd run`
+//     to the agent's first instruction (a timestamp the agent writes);
+//   - decisions per second across all sandboxes during the agent loops
+//     (every decision in the sandboxes' decision logs);
+//   - memory per idle sandbox, from the difference between N and N/2
+//     idle sandboxes (and N/2 and none, to check that it is linear):
+//     carbd's proportional set size (PSS), the sandbox's processes (the PSS
+//     of its cgroup's members), and the
+//     kernel's (slab, page tables, kernel stacks, per-CPU, vmalloc);
+//   - memory per held flow: each remaining sandbox holds
+//     CARBD_SCALE_HELD (default 3) requests the operator is asked about;
+//   - isolation: each sandbox's decision log holds only its own requests
+//     (their URLs name the sandbox) and every sandbox has its own bound
+//     queue (/proc/net/netfilter/nfnetlink_queue).
+//
+// # Requirements
+//
+// Root (namespaces, BPF, netfilter), curl, and a Go toolchain to build
+// carbd (or CARBD_SCALE_BIN, a carbd binary to measure). Skipped without
+// root. Everything it creates (the runs, their links,
+// rules, pinned BPF state, cgroups, mounts, the world namespace, the
+// state directories) is removed when it ends, failed or not; a carbd
+// whose benchmark process dies gets SIGTERM (Pdeathsig) and tears itself
+// down.
+package scalebench
