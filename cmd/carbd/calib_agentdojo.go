@@ -25,7 +25,7 @@ func runCalibAgentDojo(ctx context.Context, e *env, args []string) error {
 	var f agentdojoFlags
 	f.register(fs)
 	out := fs.String("o", "", "artifact `file` to write (required)")
-	fieldsOut := fs.String("fields-out", "", "also write the calibration fields as a field `file` (JSON lines) for carbd calib --fields")
+	fieldsOut := fs.String("fields-out", "", "also write the calibration fields as a field `file` (JSON lines) for carbd calib --fields: under --rule transfer the fields the CRC step compares, under crc every field with its effective score")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,7 +59,7 @@ func runCalibAgentDojo(ctx context.Context, e *env, args []string) error {
 	}
 	eval.WriteLedgerReport(e.stdout, a.Ledger)
 	if *fieldsOut != "" {
-		recs := eval.FieldRecords(ps)
+		recs := eval.FieldRecords(ps, calib.Rule(f.rule))
 		if err := writeCalibAtomic(*fieldsOut, func(w io.Writer) error { return calib.WriteFields(w, recs) }); err != nil {
 			return err
 		}

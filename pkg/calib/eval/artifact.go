@@ -128,11 +128,17 @@ func WriteLedgerReport(w io.Writer, l *calib.LedgerCalibration) {
 }
 
 // FieldRecords are the calibration fields of every episode of the
-// pipelines, as CalibrateArtifact uses them (effective scores).
-func FieldRecords(pipelines []*Pipeline) []calib.FieldRecord {
+// pipelines as CalibrateArtifact uses them under rule: under
+// calib.RuleTransfer the fields the CRC step compares, with their scores
+// (comparedRecords); under calib.RuleCRC every field with its effective
+// score.
+func FieldRecords(pipelines []*Pipeline, rule calib.Rule) []calib.FieldRecord {
 	var eps []*Episode
 	for _, p := range pipelines {
 		eps = append(eps, p.Episodes...)
+	}
+	if rule == calib.RuleTransfer {
+		return comparedRecords(eps)
 	}
 	return fieldRecords(eps)
 }
