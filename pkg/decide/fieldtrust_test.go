@@ -515,3 +515,31 @@ func FuzzFieldTrust(f *testing.F) {
 		})
 	})
 }
+
+// TestParseFieldsErrorFile: every problem of a fields section is reported
+// at once, located.
+func TestParseFieldsErrorFile(t *testing.T) {
+	_, err := LoadPolicy("testdata/policy/invalid-fields.yaml")
+	var list PolicyErrors
+	if !errors.As(err, &list) {
+		t.Fatalf("error %v is not a PolicyErrors", err)
+	}
+	var got []string
+	for _, e := range list {
+		got = append(got, e.Error())
+	}
+	want := []string{
+		`testdata/policy/invalid-fields.yaml:6:5: fields[0]: field rule "no-source" selects no source: give paths, hosts, cidrs or objects`,
+		`testdata/policy/invalid-fields.yaml:12:11: fields[1].path: path "a..b": step 2 is empty`,
+		`testdata/policy/invalid-fields.yaml:15:5: fields[2]: reason is required: why the platform, not a third party, produced these fields (or why a trusted source's field is third-party text)`,
+		`testdata/policy/invalid-fields.yaml:18:21: fields[2].where.sender: principal: the policy declares no principal (trusted.principal)`,
+		`testdata/policy/invalid-fields.yaml:18:39: fields[2].where.owner: want principal, trusted or {values: [...]}, got the string "me"`,
+		`testdata/policy/invalid-fields.yaml:18:53: fields[2].where.filename: values is required and not empty: the values the key must hold`,
+		`testdata/policy/invalid-fields.yaml:19:12: fields[2].trust: unknown value "maybe" (want trusted or untrusted)`,
+		`testdata/policy/invalid-fields.yaml:20:12: fields[3].name: name "bad-where" is already used at line 15`,
+		`testdata/policy/invalid-fields.yaml:20:81: fields[3].reason: empty reason`,
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("errors (-want +got):\n%s", d)
+	}
+}
