@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/hooks/respwatch"
 )
 
 // The interception benchmarks (issue 9) measure carbd's proxy, mitmdump
@@ -432,5 +434,26 @@ func BenchmarkProxyRequest(b *testing.B) {
 				b.ReportMetric(us(cpuTime()-c0)/float64(b.N), "cpu-µs/op")
 			})
 		}
+	}
+}
+
+// BenchmarkTapIngress: what showing 16 KiB of a long response body to
+// the response tracker costs (the synthetic segment is built by copying
+// the bytes after its headers). Not in the report.
+func BenchmarkTapIngress(b *testing.B) {
+	rw, err := newRespTap(newSegmenter(netip.MustParseAddrPort("10.0.0.2:40000"), netip.MustParseAddrPort("10.0.0.1:443")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rw.egress([]byte("GET /big HTTP/1.1\r\nHost: world.test\r\n\r\n"))
+	nop := func(*respwatch.Result) {}
+	rw.ingress(fmt.Appendf(nil, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", int64(1)<<50), false, nop)
+	buf := make([]byte, chunkSize)
+	b.SetBytes(chunkSize)
+	for b.Loop() {
+		rw.ingress(buf, false, nop)
+	}
+	if rw.responses != 0 {
+		b.Fatalf("the tracker saw the end of a response that has not ended")
 	}
 }
