@@ -1,6 +1,7 @@
 package calib
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/decide/score"
 )
 
 func transferCfg(b string, delta float64) Config {
@@ -185,4 +187,29 @@ func TestTransferSimulationShift(t *testing.T) {
 		t.Errorf("Eq. 5 over budget after the shift in only %d of %d calibrations: the check has no power", overE, reps)
 	}
 	t.Logf("over budget after a prevalence shift 5%% -> 100%%: transfer %d, Eq. 5 %d of %d", overT, overE, reps)
+}
+
+// The transfer rule on a role with 400 violated fields: a 5 % bound on the
+// fraction of them allowed, at 1−δ, lets through at most K of them
+// (U(K, 400; 0.05) <= 0.05); the threshold stays below the (K+1)-th
+// smallest violated score, and which violated fields it allows does not
+// depend on the benign ones.
+func ExampleCalibrate_transfer() {
+	budgets, _ := ParseBudgets("target=0.05")
+	var fields []FieldRecord
+	for i := range 400 { // violated scores 0.600, 0.601, ..., 0.999
+		fields = append(fields, FieldRecord{Role: decide.RoleTarget, Score: 0.6 + float64(i)/1000, Violated: true, Attacked: true})
+	}
+	for i := range 1000 { // benign scores 0.000 .. 0.999
+		fields = append(fields, FieldRecord{Role: decide.RoleTarget, Score: float64(i) / 1000})
+	}
+	a, err := Calibrate(fields, Config{Budgets: budgets, Delta: 0.05, Score: score.KindNgram,
+		Options: Options{Rule: RuleTransfer}})
+	if err != nil {
+		panic(err)
+	}
+	st := a.Strata[0]
+	fmt.Printf("violated=%d k=%d threshold=%.3f bound=%.4f certifiable=%v\n", st.Violated, st.K, st.Threshold, st.CPUpper, st.Certifiable)
+	// Output:
+	// violated=400 k=12 threshold=0.611 bound=0.0482 certifiable=true
 }
