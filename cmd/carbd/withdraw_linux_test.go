@@ -63,14 +63,26 @@ func finalCode(recs []decide.AuditRecord, seq uint64) string {
 // leaves carbd held, carbd watch says it was withdrawn, the audit
 // records the refusal as withdrawn with the time and the reason, the
 // world gets nothing, and an answer afterwards fails (exit status 1)
-// saying so. Then a request is held when the agent exits: the sandbox
-// ends at once, without an answer, its question withdrawn.
+// saying so. A client that resets its connection (SO_LINGER 0) has its
+// question withdrawn too. Then a request is held when the agent exits:
+// the sandbox ends at once, without an answer, its question withdrawn.
 func TestCLIWithdrawnQuestion(t *testing.T) {
 	bin := carbdBinary(t)
 	testutil.RequireTool(t, "curl")
+	testutil.RequireTool(t, "python3")
 	w := newWorld(t, 131)
 	work := cliWorkdir(t)
 	r := startRun(t, bin, w, work, `
+python3 - <<'EOF' &
+import os, socket, struct, time
+s = socket.create_connection(("api.example.com", 80))
+s.sendall(b"GET /reset-4b2 HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+while not os.path.exists("/run/carbd/reset"):
+    time.sleep(0.05)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+s.close()
+print("reset sent")
+EOF
 curl -sS -m 3 -o /dev/null http://api.example.com/gone-4b2; echo "gone=$?"
 wait_for second
 curl -sS -m 50 -o /dev/null http://api.example.com/exit-4b2 &
@@ -110,6 +122,27 @@ wait_for exit
 		if rec.Seq == q.ID && rec.Verdict == decide.Refuse && !strings.Contains(rec.Justification, "withdrawn at 20") {
 			t.Errorf("the withdrawal's record says no time: %q", rec.Justification)
 		}
+	}
+
+	// A client that resets its connection (SO_LINGER 0) while its
+	// request is held.
+	rq := r.pending(t, "reset-4b2")
+	r.tell(t, "reset")
+	waitFor(t, 15*time.Second, "the reset request's question to be withdrawn", r.out, func() bool {
+		for _, w := range r.withdrawn(t) {
+			if w.ID == rq.ID {
+				return true
+			}
+		}
+		return false
+	})
+	for _, w := range r.withdrawn(t) {
+		if w.ID == rq.ID && w.Reason != "the client's socket is gone" && w.Reason != "the guest reset the connection" {
+			t.Errorf("the reset request withdrawn because %q", w.Reason)
+		}
+	}
+	if c := finalCode(r.auditRecords(t), rq.ID); c != decide.CodeOracleWithdrawn {
+		t.Errorf("audit: the reset request decided %q, want %q", c, decide.CodeOracleWithdrawn)
 	}
 
 	// The agent leaves a request held and exits.
