@@ -35,6 +35,23 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
  * would feed back into the stream). */
 volatile const __u32 ft_self_tgid = 0;
 
+/* Wake-ups of the reader (userspace's ring buffer epoll) are batched: a
+ * record is submitted with BPF_RB_FORCE_WAKEUP when the last forced
+ * wake-up is at least ft_wakeup_ns old, or when ft_wakeup_bytes or more
+ * wait in ft_events; otherwise with BPF_RB_NO_WAKEUP. The reader, once
+ * woken, polls again ft_wakeup_ns later for what came meanwhile, and
+ * stays awake until a wake-up is due again: no record waits unread much
+ * longer than ft_wakeup_ns, and a burst costs one wake-up per period, not
+ * one per record. A sync marker always wakes the reader. Set before load;
+ * ft_wakeup_ns 0: the kernel's default (a wake-up whenever the reader has
+ * caught up). */
+volatile const __u64 ft_wakeup_ns = 0;
+volatile const __u64 ft_wakeup_bytes = 0;
+
+/* bpf_ktime_get_ns of the last forced wake-up (read by userspace). Racy
+ * between CPUs by design: the worst case is one extra wake-up. */
+volatile __u64 ft_last_wakeup = 0;
+
 /* Bit L set: some traced cgroup sits at level L. Written by userspace at
  * run time (the .bss map is mmapable). */
 volatile __u32 ft_cgroup_levels = 0;
@@ -274,6 +291,22 @@ static __always_inline int describe(long nr, struct ft_sc *sc)
 
 #undef N
 #undef R
+
+/* wakeup is the submit flag of a record: see ft_wakeup_ns. The queried
+ * bytes include the record being submitted (it is reserved). */
+static __always_inline __u64 wakeup(void)
+{
+	__u64 period = ft_wakeup_ns;
+	if (!period)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - ft_last_wakeup >= period ||
+	    bpf_ringbuf_query(&ft_events, BPF_RB_AVAIL_DATA) >= ft_wakeup_bytes) {
+		ft_last_wakeup = now;
+		return BPF_RB_FORCE_WAKEUP;
+	}
+	return BPF_RB_NO_WAKEUP;
+}
 
 static __always_inline void count(__u32 idx)
 {
@@ -542,7 +575,7 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 		e->fi[1] = fi[1];
 		e->flags |= fl;
 		read_aux(e, &sc, in);
-		bpf_ringbuf_submit(e, 0);
+		bpf_ringbuf_submit(e, wakeup());
 		goto out;
 	}
 
@@ -586,7 +619,7 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 			}
 		}
 	}
-	bpf_ringbuf_submit(pe, 0);
+	bpf_ringbuf_submit(pe, wakeup());
 out:
 	bpf_map_delete_elem(&ft_inflight, &tid);
 	return 0;
@@ -609,7 +642,7 @@ static __always_inline void emit_simple(__u16 kind, __u32 tgid, __u32 tid, __u32
 	e->args[0] = arg0;
 	e->fi[0].fd = -1;
 	e->fi[1].fd = -1;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, wakeup());
 }
 
 static __always_inline int on_fork(struct task_struct *parent, struct task_struct *child)
@@ -703,7 +736,8 @@ int ft_pexit_raw(struct bpf_raw_tracepoint_args *ctx)
 
 /* ft_marker is run by userspace (BPF_PROG_TEST_RUN) with one argument, a
  * cookie: its record tells the reader that everything submitted before
- * it has been read. It returns 1 when the record was submitted, 0 when
+ * it has been read. It always wakes the reader: it is the flush point of
+ * the records submitted without a wake-up. It returns 1 when the record was submitted, 0 when
  * the ring buffer is full (userspace retries; not a loss). */
 SEC("raw_tp")
 int ft_marker(struct bpf_raw_tracepoint_args *ctx)
@@ -720,6 +754,6 @@ int ft_marker(struct bpf_raw_tracepoint_args *ctx)
 	e->args[0] = ctx->args[0];
 	e->fi[0].fd = -1;
 	e->fi[1].fd = -1;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 1;
 }

@@ -54,7 +54,10 @@ const (
 	ftraceProgFtPexitBtf    = "ft_pexit_btf"
 	ftraceProgFtPexitRaw    = "ft_pexit_raw"
 	ftraceVarFtCgroupLevels = "ft_cgroup_levels"
+	ftraceVarFtLastWakeup   = "ft_last_wakeup"
 	ftraceVarFtSelfTgid     = "ft_self_tgid"
+	ftraceVarFtWakeupBytes  = "ft_wakeup_bytes"
+	ftraceVarFtWakeupNs     = "ft_wakeup_ns"
 	ftraceVarUnusedFtWire   = "unused_ft_wire"
 )
 
@@ -127,7 +130,10 @@ type ftraceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ftraceVariableSpecs struct {
 	FtCgroupLevels *ebpf.VariableSpec `ebpf:"ft_cgroup_levels"`
+	FtLastWakeup   *ebpf.VariableSpec `ebpf:"ft_last_wakeup"`
 	FtSelfTgid     *ebpf.VariableSpec `ebpf:"ft_self_tgid"`
+	FtWakeupBytes  *ebpf.VariableSpec `ebpf:"ft_wakeup_bytes"`
+	FtWakeupNs     *ebpf.VariableSpec `ebpf:"ft_wakeup_ns"`
 	UnusedFtWire   *ebpf.VariableSpec `ebpf:"unused_ft_wire"`
 }
 
@@ -173,7 +179,10 @@ func (m *ftraceMaps) Close() error {
 // It can be passed to loadFtraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ftraceVariables struct {
 	FtCgroupLevels *ebpf.Variable `ebpf:"ft_cgroup_levels"`
+	FtLastWakeup   *ebpf.Variable `ebpf:"ft_last_wakeup"`
 	FtSelfTgid     *ebpf.Variable `ebpf:"ft_self_tgid"`
+	FtWakeupBytes  *ebpf.Variable `ebpf:"ft_wakeup_bytes"`
+	FtWakeupNs     *ebpf.Variable `ebpf:"ft_wakeup_ns"`
 	UnusedFtWire   *ebpf.Variable `ebpf:"unused_ft_wire"`
 }
 

@@ -49,6 +49,7 @@ type fileChannel struct {
 	refusedSeen  map[string]bool     // the refusals already in refusals (a staged change is refused again at every commit point)
 	conflicts    []staging.Conflict  // in the order found
 	conflicted   map[string][32]byte // path -> digest of the staged change found in conflict
+	unseen       map[string]bool     // paths written with content the tracer did not see: decided from the staging layer
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -63,7 +64,8 @@ type pathState struct {
 }
 
 func openFileChannel(d *daemon) (*fileChannel, error) {
-	fc := &fileChannel{d: d, paths: map[string]*pathState{}, conflicted: map[string][32]byte{}, refusedSeen: map[string]bool{}}
+	fc := &fileChannel{d: d, paths: map[string]*pathState{}, conflicted: map[string][32]byte{}, refusedSeen: map[string]bool{},
+		unseen: map[string]bool{}}
 	fc.merged = filepath.Join(d.dir, "merged")
 	if within(d.cfg.WorkStateDir, DefaultWorkStateRoot) {
 		// Searchable by W's owner, who takes the agent's versions of
@@ -154,6 +156,7 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 				fc.mu.Unlock()
 				fc.assumeSensitiveRead(rec)
 			}
+			fc.noteUnseen(rec)
 			for _, ev := range evs {
 				fc.event(ctx, ev)
 			}
@@ -220,6 +223,80 @@ func unattributedRead(r *fileev.Record) bool {
 		return r.Malformed != "" || (r.InRoot && r.ContentErr != "")
 	}
 	return false
+}
+
+// unseenWrite reports the path in M of a write whose content the tracer
+// did not see whole: its read-back failed (the file was renamed, replaced
+// or removed before the reader got to it), was cut at MaxContent, or the
+// bytes go through a shared mapping.
+func unseenWrite(r *fileev.Record) (string, bool) {
+	if r.Kind != fileev.KindSyscall || r.Ret < 0 || r.Malformed != "" {
+		return "", false
+	}
+	partial := r.ContentErr != "" || r.ContentTruncated
+	switch r.Op {
+	case fileev.OpWrite:
+		return r.Path, r.InRoot && r.Ret > 0 && partial
+	case fileev.OpCopy:
+		return r.Path2, r.InRoot2 && r.Path2 != "" && r.Ret > 0 && partial
+	case fileev.OpMmap:
+		const protWrite, mapShared = 0x2, 0x1
+		return r.Path, r.InRoot && r.Mode&protWrite != 0 && r.Flags&mapShared != 0
+	}
+	return "", false
+}
+
+// noteUnseen keeps the paths whose staged content the event stream did
+// not show (unseenWrite), and follows them through renames and links: at
+// the commit point such a path is decided again from the staging layer,
+// which holds its content, so that nothing is committed unseen and its
+// label is not lost.
+func (fc *fileChannel) noteUnseen(r *fileev.Record) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	if p, ok := unseenWrite(r); ok {
+		fc.unseen[p] = true
+		return
+	}
+	if r.Kind != fileev.KindSyscall || r.Ret < 0 || r.Malformed != "" || !r.InRoot {
+		return
+	}
+	switch r.Op {
+	case fileev.OpUnlink, fileev.OpRmdir:
+		// Gone: what is written there next is seen or not anew.
+		for p := range fc.unseen {
+			if p == r.Path || strings.HasPrefix(p, r.Path+"/") {
+				delete(fc.unseen, p)
+			}
+		}
+		return
+	case fileev.OpRename, fileev.OpLink:
+		if !r.InRoot2 {
+			return
+		}
+	default:
+		return
+	}
+	for p := range fc.unseen {
+		switch {
+		case p == r.Path:
+			fc.unseen[r.Path2] = true
+		case strings.HasPrefix(p, r.Path+"/"):
+			fc.unseen[r.Path2+p[len(r.Path):]] = true // a directory renamed
+		}
+	}
+}
+
+// takeUnseen reports whether path's content was not seen by the event
+// stream since its last decision from the staging layer, and forgets it.
+func (fc *fileChannel) takeUnseen(path string) bool {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	if !fc.unseen[path] {
+		return false
+	}
+	delete(fc.unseen, path)
+	return true
 }
 
 // maxAssumedContent bounds what one sensitive file contributes when it
@@ -399,9 +476,10 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			abort = append(abort, c)
 			continue
 		}
-		state := fc.state(c.Path)
-		if state == nil {
-			// Not seen by tracing: decide it now from the staging layer.
+		state, unseen := fc.state(c.Path), fc.takeUnseen(c.Path)
+		if state == nil || unseen {
+			// Not seen by tracing, or written with content it did not
+			// see: decide it now from the staging layer.
 			ev, err := fc.st.Event(c)
 			if err != nil {
 				fc.d.log.Warn("staged change", "path", c.Path, "err", err)

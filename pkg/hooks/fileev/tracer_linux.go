@@ -25,8 +25,9 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultRingBytes  = 4 << 20 // ring buffer: ~3,500 path records or ~23,000 data records
-	DefaultMaxContent = 1 << 20 // content read back per record
+	DefaultRingBytes      = 4 << 20         // ring buffer: ~3,500 path records or ~23,000 data records
+	DefaultMaxContent     = 1 << 20         // content read back per record
+	DefaultWakeupInterval = time.Millisecond // at most one reader wake-up per interval
 )
 
 // Mechanisms a Tracer can attach with.
@@ -58,6 +59,19 @@ type Config struct {
 	// Attach forces a mechanism (MechTPBTF or MechRawTP). Empty probes:
 	// tp_btf, then raw_tracepoint.
 	Attach string
+	// WakeupInterval batches the wake-ups of Run: the kernel side wakes
+	// it at most once per interval (and when WakeupBytes wait); Run,
+	// once woken, looks at the ring again an interval later for the
+	// records submitted meanwhile, until a wake-up is due again. A
+	// record waits unread at most about two intervals; Sync always
+	// wakes Run at once. 0 means DefaultWakeupInterval; negative wakes
+	// Run whenever it has caught up (the kernel's default: one wake-up
+	// per record when Run keeps up).
+	WakeupInterval time.Duration
+	// WakeupBytes wakes Run within an interval once this many bytes of
+	// records wait, so that a burst does not fill the ring. 0 means
+	// RingBytes/8.
+	WakeupBytes int
 }
 
 // Target selects processes to trace: a process by pid (and, unless
@@ -114,9 +128,11 @@ type Tracer struct {
 	rootDev uint32   // kernel encoding
 	rootIno uint64
 	boot    func(uint64) time.Time
+	ktime   func() int64
 
 	pids, cgroups, counters *ebpf.Map
 	levels                  *ebpf.Variable
+	lastWakeup              *ebpf.Variable // ktime of the kernel side's last forced wake-up
 	marker                  *ebpf.Program
 
 	mu      sync.Mutex // guards the fields below
@@ -241,6 +257,15 @@ func New(cfg Config) (_ *Tracer, err error) {
 	if cfg.MaxContent == 0 {
 		cfg.MaxContent = DefaultMaxContent
 	}
+	if cfg.WakeupInterval == 0 {
+		cfg.WakeupInterval = DefaultWakeupInterval
+	}
+	switch {
+	case cfg.WakeupBytes == 0:
+		cfg.WakeupBytes = cfg.RingBytes / 8
+	case cfg.WakeupBytes < 0 || cfg.WakeupBytes > cfg.RingBytes:
+		return nil, fmt.Errorf("fileev: config: wakeup bytes %d not within the ring's %d", cfg.WakeupBytes, cfg.RingBytes)
+	}
 	switch cfg.Attach {
 	case "", MechTPBTF, MechRawTP:
 	default:
@@ -269,6 +294,9 @@ func New(cfg Config) (_ *Tracer, err error) {
 	}
 	wall, mono := time.Now(), ts.Nano()
 	t.boot = func(ns uint64) time.Time { return wall.Add(time.Duration(int64(ns) - mono)) }
+	// The kernel's monotonic clock (bpf_ktime_get_ns) now, from Go's
+	// monotonic reading: no system call.
+	t.ktime = func() int64 { return mono + int64(time.Since(wall)) }
 
 	order := []string{MechTPBTF, MechRawTP}
 	if cfg.Attach != "" {
@@ -323,6 +351,12 @@ func (t *Tracer) attach(mech string) error {
 	if err := spec.Variables["ft_self_tgid"].Set(uint32(os.Getpid())); err != nil {
 		return fmt.Errorf("set ft_self_tgid: %w", err)
 	}
+	if err := spec.Variables["ft_wakeup_ns"].Set(uint64(max(t.cfg.WakeupInterval, 0))); err != nil {
+		return fmt.Errorf("set ft_wakeup_ns: %w", err)
+	}
+	if err := spec.Variables["ft_wakeup_bytes"].Set(uint64(t.cfg.WakeupBytes)); err != nil {
+		return fmt.Errorf("set ft_wakeup_bytes: %w", err)
+	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
@@ -330,6 +364,7 @@ func (t *Tracer) attach(mech string) error {
 	t.coll = coll
 	t.pids, t.cgroups, t.counters = coll.Maps["ft_pids"], coll.Maps["ft_cgroups"], coll.Maps["ft_counters"]
 	t.levels, t.marker = coll.Variables["ft_cgroup_levels"], coll.Programs["ft_marker"]
+	t.lastWakeup = coll.Variables["ft_last_wakeup"]
 	// Attach the exit side first: an enter without its exit would leave
 	// entries that nothing removes.
 	for i := len(progNames[mech]) - 1; i >= 0; i-- {
@@ -565,13 +600,25 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 	defer t.files.clear()
 	res := newResolver(t.cfg.Root, t.rootDev, t.rootIno, hostProc{}, t.view, t.boot)
 	var lastLost uint64
+	var lastCheck time.Time
 	checkLoss := func() {
+		lastCheck = time.Now()
 		if n := t.Lost(); n > lastLost {
 			lastLost = n
 			h(&Record{Kind: KindLoss, Time: time.Now(), Lost: n, FD: -1}, nil)
 		}
 	}
 	var raw ringbuf.Record
+	// Run's phases (see Config.WakeupInterval): idle, asleep until a
+	// wake-up (looking every 100 ms for losses); active, looking every
+	// interval for records submitted without a wake-up; draining, one
+	// last look once a wake-up is due again for any new record.
+	const (
+		idle = iota
+		active
+		draining
+	)
+	phase := idle
 	for n := 0; ; n++ {
 		if ctx.Err() != nil {
 			return nil
@@ -579,17 +626,37 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 		if t.hasSeeds.Load() {
 			t.applySeeds(res)
 		}
-		t.rd.SetDeadline(time.Now().Add(100 * time.Millisecond))
+		wait := 100 * time.Millisecond
+		switch phase {
+		case active:
+			wait = t.cfg.WakeupInterval
+		case draining:
+			wait = 0
+		}
+		t.rd.SetDeadline(time.Now().Add(wait))
 		err := t.rd.ReadInto(&raw)
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			t.files.clear()
-			checkLoss()
+			// The ring is drained.
+			switch {
+			case phase == active && t.wakeupDue():
+				phase = draining
+			case phase == active:
+			default:
+				phase = idle
+				t.files.clear()
+				if time.Since(lastCheck) >= 100*time.Millisecond {
+					checkLoss()
+				}
+			}
 			continue
 		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
 			return ErrClosed
 		case err != nil:
 			return fmt.Errorf("fileev: read ring buffer: %w", err)
+		}
+		if t.cfg.WakeupInterval > 0 {
+			phase = active
 		}
 		if t.hasSeeds.Load() {
 			t.applySeeds(res)
@@ -604,6 +671,18 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 			checkLoss()
 		}
 	}
+}
+
+// wakeupDue reports whether the kernel side wakes Run for the next
+// record: its last forced wake-up is more than an interval old, with an
+// interval's margin for a record whose wake-up was decided before and
+// that is still being written.
+func (t *Tracer) wakeupDue() bool {
+	var last uint64
+	if err := t.lastWakeup.Get(&last); err != nil {
+		return false // stay active: polling is safe
+	}
+	return time.Duration(t.ktime()-int64(last)) >= 2*t.cfg.WakeupInterval
 }
 
 func (t *Tracer) handle(res *resolver, b []byte, h Handler) {
