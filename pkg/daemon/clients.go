@@ -40,14 +40,13 @@ const clientProbeEvery = 500 * time.Millisecond
 type clientWatch struct {
 	nc *netChannel
 
-	mu      sync.Mutex         // guards the fields below
-	asking  map[uint64]watched // decisions in progress, by a watch id
-	held    map[uint64]watched // held effects, by sequence number
-	next    uint64
-	h       *netlink.Handle // sock_diag in the sandbox's network namespace
-	pid     int
-	warned  bool
-	started bool
+	mu     sync.Mutex         // guards the fields below
+	asking map[uint64]watched // decisions in progress, by a watch id
+	held   map[uint64]watched // held effects, by sequence number
+	next   uint64
+	h      *netlink.Handle // sock_diag in the sandbox's network namespace
+	pid    int
+	warned bool
 }
 
 type watched struct {
