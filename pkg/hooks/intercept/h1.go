@@ -227,15 +227,16 @@ func (h *h1Conn) redial(ctx context.Context) error {
 // relayResponse streams upstream bytes to the client until the tap has
 // seen the whole response to the request just forwarded (1xx interim
 // responses pass through). It reports whether the connection goes on.
-// A response longer than its first read is relayed through a clientPipe:
-// reading and decrypting the world's next bytes overlaps encrypting and
-// writing the previous ones. Each read is shown to the tap (and so
-// observed) before it is handed to the client.
+// After pipeAfterReads reads, the rest of a response is relayed through
+// a clientPipe: reading and decrypting the world's next bytes overlaps
+// encrypting and writing the previous ones. Each read is shown to the
+// tap (and so observed) before it is handed to the client.
 func (h *h1Conn) relayResponse(ctx context.Context, req *Request) (bool, error) {
 	c := h.c
 	want := h.rw.responses + 1
 	desyncs := h.rw.t.Stats().Desyncs
 	got := false
+	reads := 0
 	var pipe *clientPipe
 	// toClient writes b (h.buf or a pooled chunk) to the client, through
 	// the pipe once there is one.
@@ -302,7 +303,10 @@ func (h *h1Conn) relayResponse(ctx context.Context, req *Request) (bool, error) 
 			_, err := io.Copy(c.cliTLS, c.up)
 			return false, err
 		}
-		if pipe == nil && n > 0 && h.rw.responses < want {
+		if n > 0 {
+			reads++
+		}
+		if pipe == nil && reads >= pipeAfterReads && h.rw.responses < want {
 			pipe = startClientPipe(c.cliTLS)
 		}
 	}
@@ -312,6 +316,11 @@ func (h *h1Conn) relayResponse(ctx context.Context, req *Request) (bool, error) 
 // chunkSize is a relayed read's buffer: a TLS record's plaintext is at
 // most 16 KiB, and crypto/tls returns one record per Read.
 const chunkSize = 16 << 10
+
+// pipeAfterReads is how many reads of a response are relayed in turn
+// before the rest goes through a clientPipe: a small or middling response
+// costs no goroutine, a download overlaps its reads and writes.
+const pipeAfterReads = 4
 
 // pipeDepth is how many chunks a clientPipe holds: reading runs at most
 // this far ahead of the client.
