@@ -42,5 +42,7 @@
 // tokens across block boundaries, tokens of exactly the minimum length,
 // and truncated indexes. FuzzNorm, FuzzScan and FuzzExtract keep their
 // corpus in testdata/fuzz. Benchmarks compare the index with a naive
-// strings.Contains loop and two Aho-Corasick libraries on the same data.
+// strings.Contains loop and two Aho-Corasick libraries on the same data,
+// and with Hyperscan when built with -tags hyperscan (package hsbench, a
+// cgo shim over libhyperscan-dev that nothing else imports).
 package match
