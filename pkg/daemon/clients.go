@@ -39,6 +39,9 @@ const clientProbeEvery = 500 * time.Millisecond
 // clientWatch finds the effects whose client socket is gone.
 type clientWatch struct {
 	nc *netChannel
+	// on: the sandbox's sockets can be listed (the namespace sandbox);
+	// else nothing is watched.
+	on bool
 
 	mu     sync.Mutex         // guards the fields below
 	asking map[uint64]watched // decisions in progress, by a watch id
@@ -55,13 +58,13 @@ type watched struct {
 }
 
 func newClientWatch(nc *netChannel) *clientWatch {
-	return &clientWatch{nc: nc, asking: map[uint64]watched{}, held: map[uint64]watched{}}
+	return &clientWatch{nc: nc, on: nc.d.cfg.Backend == "netns", asking: map[uint64]watched{}, held: map[uint64]watched{}}
 }
 
 // watchDecision watches the client of a decision in progress; gone is
 // called (once) if it goes. The returned function ends the watch.
 func (cw *clientWatch) watchDecision(flow tcx.FlowKey, gone func(reason string)) func() {
-	if cw == nil || !probeable(flow) {
+	if cw == nil || !cw.on || !probeable(flow) {
 		return func() {}
 	}
 	cw.mu.Lock()
@@ -79,7 +82,7 @@ func (cw *clientWatch) watchDecision(flow tcx.FlowKey, gone func(reason string))
 // watchHeld watches the client of held effect seq until its final
 // verdict is recorded.
 func (cw *clientWatch) watchHeld(seq uint64, flow tcx.FlowKey) {
-	if cw == nil || !probeable(flow) {
+	if cw == nil || !cw.on || !probeable(flow) {
 		return
 	}
 	d := cw.nc.d
