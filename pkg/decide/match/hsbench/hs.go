@@ -44,10 +44,10 @@ func Compile(patterns []string) (*DB, error) {
 		return nil, errors.New("hsbench: no patterns")
 	}
 	n := len(patterns)
-	exprs := (*[math.MaxInt32 / 8]*C.char)(C.malloc(C.size_t(n) * C.size_t(unsafe.Sizeof((*C.char)(nil)))))[:n:n]
-	lens := (*[math.MaxInt32 / 8]C.size_t)(C.malloc(C.size_t(n) * C.size_t(unsafe.Sizeof(C.size_t(0)))))[:n:n]
-	flags := (*[math.MaxInt32 / 8]C.uint)(C.malloc(C.size_t(n) * C.size_t(unsafe.Sizeof(C.uint(0)))))[:n:n]
-	ids := (*[math.MaxInt32 / 8]C.uint)(C.malloc(C.size_t(n) * C.size_t(unsafe.Sizeof(C.uint(0)))))[:n:n]
+	exprs := unsafe.Slice((**C.char)(C.malloc(C.size_t(n)*C.size_t(unsafe.Sizeof((*C.char)(nil))))), n)
+	lens := unsafe.Slice((*C.size_t)(C.malloc(C.size_t(n)*C.size_t(unsafe.Sizeof(C.size_t(0))))), n)
+	flags := unsafe.Slice((*C.uint)(C.malloc(C.size_t(n)*C.size_t(unsafe.Sizeof(C.uint(0))))), n)
+	ids := unsafe.Slice((*C.uint)(C.malloc(C.size_t(n)*C.size_t(unsafe.Sizeof(C.uint(0))))), n)
 	defer func() {
 		for _, e := range exprs {
 			C.free(unsafe.Pointer(e))
