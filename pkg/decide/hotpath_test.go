@@ -83,3 +83,24 @@ func TestReleaseJustificationFollowsPolicy(t *testing.T) {
 		t.Fatalf("after reload: justification %q, want %q", d.Justification, want)
 	}
 }
+
+// Every archive or compression magic is recognised at the start of the
+// content, and only there and only whole.
+func TestPackedMagicPrefixes(t *testing.T) {
+	for _, m := range []string{"\x1f\x8b", "PK\x03\x04", "\x28\xb5\x2f\xfd", "\xfd7zXZ\x00", "BZh", "7z\xbc\xaf\x27\x1c"} {
+		for _, c := range []struct {
+			content string
+			want    bool
+		}{
+			{m, true},
+			{m + "rest of the archive", true},
+			{m[:len(m)-1], false},
+			{" " + m, false},
+		} {
+			ev := Event{Ch: ChanNet, Dir: Out, Op: "http:POST", Content: c.content}
+			if got := packedContent(&ev); got != c.want {
+				t.Errorf("packedContent(%q) = %v, want %v", c.content, got, c.want)
+			}
+		}
+	}
+}

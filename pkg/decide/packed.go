@@ -14,13 +14,13 @@ var packedTypes = []string{
 }
 
 // packedMagic are the first bytes of compressed or archived data.
-var packedMagic = [][]byte{
-	{0x1f, 0x8b},                       // gzip
-	[]byte("PK\x03\x04"),               // zip
-	{0x28, 0xb5, 0x2f, 0xfd},           // zstd
-	{0xfd, '7', 'z', 'X', 'Z', 0},      // xz
-	[]byte("BZh"),                      // bzip2
-	{'7', 'z', 0xbc, 0xaf, 0x27, 0x1c}, // 7z
+var packedMagic = []string{
+	"\x1f\x8b",           // gzip
+	"PK\x03\x04",         // zip
+	"\x28\xb5\x2f\xfd",   // zstd
+	"\xfd7zXZ\x00",       // xz
+	"BZh",                // bzip2
+	"7z\xbc\xaf\x27\x1c", // 7z
 }
 
 // packedContent reports whether an outgoing effect's content is
@@ -54,7 +54,8 @@ func packedContent(ev *Event) bool {
 	}
 	c := ev.Content
 	for _, m := range packedMagic {
-		if strings.HasPrefix(c, string(m)) {
+		// The first byte first: this runs for every effect.
+		if len(c) >= len(m) && c[0] == m[0] && c[:len(m)] == m {
 			return true
 		}
 	}
