@@ -629,7 +629,10 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 		wait := 100 * time.Millisecond
 		switch phase {
 		case active:
-			wait = t.cfg.WakeupInterval
+			// The reader's epoll_wait counts whole milliseconds,
+			// rounded down: without the extra one an interval of 1 ms
+			// would be a 0 ms wait, and Run would spin.
+			wait = t.cfg.WakeupInterval + time.Millisecond
 		case draining:
 			wait = 0
 		}
