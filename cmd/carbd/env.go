@@ -167,29 +167,55 @@ func parseEnvFile(name string, data []byte) ([]envVar, error) {
 	return out, nil
 }
 
-// scrubArgs overwrites every inline --env value in the process's own
-// argument vector (os.Args), so that /proc/PID/cmdline no longer shows it:
-// on Linux the strings of os.Args share the memory of the argument area
-// the kernel reads it from. The values were copied when the flags were
+// scrubArgs overwrites the value of every inline --env NAME=VALUE[@host]
+// in the process's own argument vector (os.Args), so that
+// /proc/PID/cmdline no longer shows it: on Linux the strings of os.Args
+// share the memory of the argument area the kernel reads it from. Only
+// the VALUE part of an --env argument is touched (between its first '='
+// and its last '@', as parseEnvArg reads it): every other argument, and
+// the name and binding of an --env, are strings other flags and the
+// agent's argv still use. The values were copied when the flags were
 // parsed. The value remains in the invoking shell's history: prefer
 // --env NAME or --env-file.
-func scrubArgs(values []string) {
-	for _, a := range os.Args {
-		for _, v := range values {
-			if v == "" {
-				continue
-			}
-			for off := 0; off < len(a); {
-				i := strings.Index(a[off:], v)
-				if i < 0 {
-					break
-				}
-				b := unsafe.Slice(unsafe.StringData(a), len(a))
-				for j := off + i; j < off+i+len(v); j++ {
-					b[j] = '*'
-				}
-				off += i + len(v)
-			}
+func scrubArgs(args []string) {
+	for k := 0; k < len(args); k++ {
+		a := args[k]
+		if a == "--" {
+			return // the agent's own argv
 		}
+		var v string
+		switch {
+		case a == "--env" || a == "-env":
+			if k+1 < len(args) {
+				k++
+				v = args[k]
+			}
+		case strings.HasPrefix(a, "--env="):
+			v = a[len("--env="):]
+		case strings.HasPrefix(a, "-env="):
+			v = a[len("-env="):]
+		default:
+			continue
+		}
+		scrubValue(v)
+	}
+}
+
+// scrubValue overwrites, in place, the VALUE of NAME=VALUE[@host].
+func scrubValue(arg string) {
+	i := strings.IndexByte(arg, '=')
+	if i < 0 {
+		return // NAME or NAME@host: no value on the command line
+	}
+	end := len(arg)
+	if at := strings.LastIndexByte(arg, '@'); at > i {
+		end = at
+	}
+	if end <= i+1 {
+		return
+	}
+	b := unsafe.Slice(unsafe.StringData(arg), len(arg))
+	for j := i + 1; j < end; j++ {
+		b[j] = '*'
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -102,4 +103,21 @@ func FuzzParseEnvFile(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestScrubArgsOnlyEnvValues: scrubbing touches only the VALUE of each
+// --env argument; other arguments (a working directory that contains the
+// same characters), the name and binding of an --env, and the agent's argv
+// after "--" keep their bytes.
+func TestScrubArgsOnlyEnvValues(t *testing.T) {
+	in := []string{"--workdir", "/w/3", "--env", "X=3@h3.example", "--env=Y=a@b@api.example", "-env=Z=3", "--env", "NAME", "--env", "K=@h", "--", "--env", "W=3"}
+	args := make([]string, len(in))
+	for i, a := range in {
+		args[i] = strings.Clone(a) // writable memory, as os.Args is
+	}
+	scrubArgs(args)
+	want := []string{"--workdir", "/w/3", "--env", "X=*@h3.example", "--env=Y=***@api.example", "-env=Z=*", "--env", "NAME", "--env", "K=@h", "--", "--env", "W=3"}
+	if !slices.Equal(args, want) {
+		t.Fatalf("scrubbed\n%q\nwant\n%q", args, want)
+	}
 }

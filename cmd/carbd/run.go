@@ -96,13 +96,9 @@ func runRun(ctx context.Context, e *env, args []string) error {
 		return nil
 	})
 	err := fs.Parse(args)
-	var inline []string
-	for _, v := range envs.vars {
-		if v.Inline {
-			inline = append(inline, v.Value)
-		}
+	if len(os.Args) > 1 && len(args) > 0 && &os.Args[len(os.Args)-len(args)] == &args[0] {
+		scrubArgs(args) // args is os.Args' tail: scrub the process's own argument vector
 	}
-	scrubArgs(inline)
 	if err != nil {
 		return err
 	}
