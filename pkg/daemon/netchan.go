@@ -26,6 +26,10 @@ import (
 	"github.com/carbd/carbd/pkg/sandbox/netns"
 )
 
+// decideWorkers bounds the verdict loop's concurrent decisions, of which
+// those waiting for the operator may be many.
+const decideWorkers = 256
+
 // netChannel is the sandbox's network path: a veth pair whose host side
 // carries the TC program and carbd's queue rules, the verdict loop, the
 // resolver, masquerading, and the capture for the audit.
@@ -269,8 +273,12 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 		return err
 	}
 	nc.resp = rw
+	// A decision deferred to the oracle keeps its decide worker until the
+	// oracle answers (a person may take minutes): the workers are many, so
+	// open questions never stall the other effects' decisions (DNS
+	// included). Each waiting one is a parked goroutine.
 	loop, err := nfq.New(nfq.Config{QueueNum: nc.plan.Queue, MaxQueueLen: 4096, Decider: nc, Datapath: dp,
-		HoldTimeout: hold, DNSRefusal: true, Logger: d.log.With("channel", "net"), ClientGone: d.clientGone})
+		DecideWorkers: decideWorkers, HoldTimeout: hold, DNSRefusal: true, Logger: d.log.With("channel", "net"), ClientGone: d.clientGone})
 	if err != nil {
 		return err
 	}
