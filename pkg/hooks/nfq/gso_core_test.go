@@ -40,9 +40,16 @@ func TestCoreRSTForSegmentedPackets(t *testing.T) {
 	p1, p2 := seg(reqHead), seg("\r\n")
 	h.want(p1, false)
 	h.want(p2, false)
-	h.out.mu.Lock()
-	rsts := append([]rstInfo(nil), h.out.rsts...)
-	h.out.mu.Unlock()
+	// The worker sends the RST after the packets' verdicts: wait for it.
+	var rsts []rstInfo
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		h.out.mu.Lock()
+		rsts = append([]rstInfo(nil), h.out.rsts...)
+		h.out.mu.Unlock()
+		if len(rsts) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(rsts) != 1 || rsts[0].hw != [6]byte{2, 0, 0, 0, 0, 1} || rsts[0].ifindex != 7 {
 		t.Fatalf("RSTs %+v, want one to the SYN's hardware address", rsts)
 	}
@@ -53,6 +60,9 @@ func TestCoreRSTForSegmentedPackets(t *testing.T) {
 	h.want(syn, true)
 	q1 := h.sendAs(tcpPkt(t, tcpSeg{src: other, dst: srv4, sport: 40101, dport: 8080, seq: 1001, ack: 5001, payload: []byte(reqHead + "\r\n")}), false, false)
 	h.want(q1, false)
+	// A barrier: the flow's worker handles this retransmission after it
+	// finished with q1 (an RST included), in order.
+	h.want(h.sendAs(tcpPkt(t, tcpSeg{src: other, dst: srv4, sport: 40101, dport: 8080, seq: 1001, ack: 5001, payload: []byte(reqHead + "\r\n")}), false, false), false)
 	h.out.mu.Lock()
 	n := len(h.out.rsts)
 	h.out.mu.Unlock()
