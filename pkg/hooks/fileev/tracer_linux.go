@@ -664,13 +664,17 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 		if t.hasSeeds.Load() {
 			t.applySeeds(res)
 		}
-		t.handle(res, raw.RawSample, h)
-		if raw.Remaining == 0 {
-			// Caught up: hold no files of M open while idle (they
-			// would pin it against an unmount).
+		t.handle(res, raw.RawSample, h, checkLoss)
+		if raw.Remaining == 0 && phase != active {
+			// Caught up and idle: hold no files of M open (they
+			// would pin it against an unmount). An active Run keeps
+			// them until it goes idle, a few intervals later.
 			t.files.clear()
 		}
-		if raw.Remaining == 0 || n%512 == 0 {
+		// The loss counters are a few map reads: looked at every 512
+		// records, at most every 10 ms when caught up, and before a
+		// Sync returns.
+		if n%512 == 0 || (raw.Remaining == 0 && time.Since(lastCheck) >= 10*time.Millisecond) {
 			checkLoss()
 		}
 	}
@@ -688,7 +692,10 @@ func (t *Tracer) wakeupDue() bool {
 	return time.Duration(t.ktime()-int64(last)) >= 2*t.cfg.WakeupInterval
 }
 
-func (t *Tracer) handle(res *resolver, b []byte, h Handler) {
+// handle decodes, resolves and hands on one record. A sync marker is
+// acknowledged after checkLoss, so that a loss before it is reported
+// before Sync returns.
+func (t *Tracer) handle(res *resolver, b []byte, h Handler, checkLoss func()) {
 	e, err := decodeEvent(b)
 	if err != nil {
 		t.malformed.Add(1)
@@ -696,6 +703,7 @@ func (t *Tracer) handle(res *resolver, b []byte, h Handler) {
 		return
 	}
 	if e.Kind == kMarker {
+		checkLoss()
 		t.mu.Lock()
 		if ch, ok := t.waiters[e.Args[0]]; ok {
 			close(ch)
