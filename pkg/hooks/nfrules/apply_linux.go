@@ -193,28 +193,65 @@ func Verify(cfg Config, b Backend) error {
 	return fmt.Errorf("nfrules: verify: backend %s", b)
 }
 
+// applyXtables installs the plan for IPv4 and IPv6 at once. Where none of
+// carbd's chains exist (a fresh start: jumps to a missing chain cannot
+// exist either), the rules go in with one iptables-nft-restore per
+// family and no save: the filter table, which holds every other
+// sandbox's chains, is never dumped. Where they exist, the table is read
+// to put misplaced jumps back first (a repair).
 func applyXtables(p *Plan, nsPath string) error {
-	for _, f := range xtFamilies {
-		save, err := run(nsPath, "", f.save, "-t", "filter")
-		if err != nil {
-			return err
-		}
-		del, ins := p.JumpFixes(save)
-		if _, err := run(nsPath, p.XtablesRestore(del, ins), f.restore, "-w", "--noflush"); err != nil {
-			return err
-		}
+	errs := make([]error, len(xtFamilies))
+	done := make(chan struct{})
+	for i := range xtFamilies {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			errs[i] = applyXtablesFamily(p, nsPath, i)
+		}()
 	}
-	return nil
+	for range xtFamilies {
+		<-done
+	}
+	return errors.Join(errs...)
+}
+
+func applyXtablesFamily(p *Plan, nsPath string, i int) error {
+	f := xtFamilies[i]
+	var present bool
+	err := inNetNS(nsPath, func() (err error) {
+		present, err = xtChainsPresent(xtNFTFamilies[i], p.ChainNames())
+		return err
+	})
+	if err == nil && !present {
+		_, err = run(nsPath, p.XtablesRestore(nil, p.Jumps), f.restore, "-w", "--noflush")
+		return err
+	}
+	save, err := run(nsPath, "", f.save, "-t", "filter")
+	if err != nil {
+		return err
+	}
+	del, ins := p.JumpFixes(save)
+	_, err = run(nsPath, p.XtablesRestore(del, ins), f.restore, "-w", "--noflush")
+	return err
 }
 
 // removeXtables deletes carbd's chains and the jumps to them. Without
 // the tools, there is nothing it could have installed; unless strict.
+// A family where none of carbd's chains exist (asked by name, see
+// xtChainsPresent) has nothing to remove and its table is not read.
 func removeXtables(p *Plan, nsPath string, strict bool) error {
-	for _, f := range xtFamilies {
+	for i, f := range xtFamilies {
 		if _, err := exec.LookPath(f.save); err != nil {
 			if strict {
 				return fmt.Errorf("nfrules: %w", err)
 			}
+			continue
+		}
+		var present bool
+		err := inNetNS(nsPath, func() (err error) {
+			present, err = xtChainsPresent(xtNFTFamilies[i], p.ChainNames())
+			return err
+		})
+		if err == nil && !present {
 			continue
 		}
 		save, err := run(nsPath, "", f.save, "-t", "filter")
