@@ -86,6 +86,8 @@ type fleet struct {
 	b          *testing.B
 	bin, state string
 	runs       []*run
+	// script is the agent's script ("": agentScript).
+	script string
 }
 
 func uniq() string {
@@ -165,7 +167,7 @@ func (f *fleet) start(r *run, policyPath string, held int) {
 		"--oracle", "operator", "--operator-timeout", "300s",
 		// (Not --env: carbd scrubs an inline --env value from every
 		// argument, the paths included.)
-		"--", "/bin/sh", "-c", "HELD=" + strconv.Itoa(held) + "\n" + agentScript}
+		"--", "/bin/sh", "-c", "HELD=" + strconv.Itoa(held) + "\n" + f.agentScript()}
 	r.cmd = exec.Command(f.bin, args...)
 	r.cmd.Stdout, r.cmd.Stderr = &lockedBuf{b: &r.out}, &lockedBuf{b: &r.out}
 	// A benchmark process that dies takes its runs down cleanly.
@@ -179,6 +181,13 @@ func (f *fleet) start(r *run, policyPath string, held int) {
 		r.code = r.cmd.ProcessState.ExitCode()
 		close(r.done)
 	}()
+}
+
+func (f *fleet) agentScript() string {
+	if f.script != "" {
+		return f.script
+	}
+	return agentScript
 }
 
 type lockedBuf struct {

@@ -54,6 +54,10 @@ type netChannel struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	nat     func() error
+	// rulesDone is closed once the queue rules are in (or failed:
+	// rulesErr); backend is set before. See installRules.
+	rulesDone chan struct{}
+	rulesErr  error
 
 	mu sync.Mutex // guards flows, bySeq and names
 	// flows is each flow's latest decision, for the capture's
@@ -141,7 +145,7 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 	tcfg := tcx.Config{SandboxID: d.cfg.ID, Ifname: plan.HostIf}
 	_ = tcx.Remove(tcfg)
 	nc.rules = nfrules.Config{SandboxID: d.cfg.ID, Iface: plan.HostIf, QueueNum: plan.Queue}
-	_ = nfrules.Remove(nc.rules)
+	nc.installRules()
 
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	nc.cancel = cancel
@@ -231,6 +235,21 @@ func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) err
 	return nil
 }
 
+// installRules removes a crashed run's queue rules and installs this
+// run's, in the background: they name the interface, which need not
+// exist yet, so they go in while the rest of the sandbox is set up (the
+// file tracer, the sandbox's namespaces, the TC program); hooks waits for
+// them before the interface comes up, and close before removing them.
+// Until they are in, the interface is down or absent: nothing passes.
+func (nc *netChannel) installRules() {
+	nc.rulesDone = make(chan struct{})
+	go func() {
+		defer close(nc.rulesDone)
+		_ = nfrules.Remove(nc.rules)
+		nc.backend, nc.rulesErr = nfrules.Apply(nc.rules)
+	}()
+}
+
 type eofReader struct{}
 
 func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
@@ -253,11 +272,10 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	d.sup.Go(&nc.wg, ctx, "tc-lease", func(ctx context.Context) error {
 		return dp.KeepAlive(ctx, 250*time.Millisecond, time.Second)
 	})
-	b, err := nfrules.Apply(nc.rules)
-	if err != nil {
-		return fmt.Errorf("install the queue rules: %w", err)
+	<-nc.rulesDone
+	if nc.rulesErr != nil {
+		return fmt.Errorf("install the queue rules: %w", nc.rulesErr)
 	}
-	nc.backend = b
 	// A packet waits at most HoldTimeout for its verdict; with the
 	// operator as oracle that must cover the operator's deadline.
 	hold := d.cfg.HoldTimeout
@@ -628,6 +646,9 @@ func (nc *netChannel) close() error {
 	}
 	if nc.dp != nil {
 		errs = append(errs, nc.dp.Close())
+	}
+	if nc.rulesDone != nil {
+		<-nc.rulesDone
 	}
 	if nc.rules.SandboxID != "" {
 		errs = append(errs, nfrules.Remove(nc.rules))
