@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -200,17 +201,21 @@ func Verify(cfg Config, b Backend) error {
 // sandbox's chains, is never dumped. Where they exist, the table is read
 // to put misplaced jumps back first (a repair).
 func applyXtables(p *Plan, nsPath string) error {
+	return eachXtFamily(func(i int) error { return applyXtablesFamily(p, nsPath, i) })
+}
+
+// eachXtFamily runs fn for IPv4 and IPv6 at once.
+func eachXtFamily(fn func(i int) error) error {
 	errs := make([]error, len(xtFamilies))
-	done := make(chan struct{})
+	var wg sync.WaitGroup
 	for i := range xtFamilies {
+		wg.Add(1)
 		go func() {
-			defer func() { done <- struct{}{} }()
-			errs[i] = applyXtablesFamily(p, nsPath, i)
+			defer wg.Done()
+			errs[i] = fn(i)
 		}()
 	}
-	for range xtFamilies {
-		<-done
-	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -234,34 +239,46 @@ func applyXtablesFamily(p *Plan, nsPath string, i int) error {
 	return err
 }
 
-// removeXtables deletes carbd's chains and the jumps to them. Without
-// the tools, there is nothing it could have installed; unless strict.
-// A family where none of carbd's chains exist (asked by name, see
-// xtChainsPresent) has nothing to remove and its table is not read.
+// removeXtables deletes carbd's chains and the jumps to them, for IPv4
+// and IPv6 at once. Without the tools, there is nothing it could have
+// installed; unless strict. A family where none of carbd's chains exist
+// (asked by name, see xtChainsPresent) has nothing to remove and its
+// table is not read. Where they exist, the planned removal (the plan's
+// jumps and chains, XtablesPlannedRemoval) is tried first, again without
+// reading the table; only if the table differs from the plan (it then
+// fails as a whole) is the table read and what is there removed.
 func removeXtables(p *Plan, nsPath string, strict bool) error {
-	for i, f := range xtFamilies {
-		if _, err := exec.LookPath(f.save); err != nil {
-			if strict {
-				return fmt.Errorf("nfrules: %w", err)
-			}
-			continue
+	return eachXtFamily(func(i int) error { return removeXtablesFamily(p, nsPath, strict, i) })
+}
+
+func removeXtablesFamily(p *Plan, nsPath string, strict bool, i int) error {
+	f := xtFamilies[i]
+	if _, err := exec.LookPath(f.save); err != nil {
+		if strict {
+			return fmt.Errorf("nfrules: %w", err)
 		}
-		var present bool
-		err := inNetNS(nsPath, func() (err error) {
-			present, err = xtChainsPresent(xtNFTFamilies[i], p.ChainNames())
+		return nil
+	}
+	var present bool
+	err := inNetNS(nsPath, func() (err error) {
+		present, err = xtChainsPresent(xtNFTFamilies[i], p.ChainNames())
+		return err
+	})
+	if err == nil {
+		if !present {
+			return nil
+		}
+		if _, err := run(nsPath, p.XtablesPlannedRemoval(), f.restore, "-w", "--noflush"); err == nil {
+			return nil
+		}
+	}
+	save, err := run(nsPath, "", f.save, "-t", "filter")
+	if err != nil {
+		return err
+	}
+	if in := XtablesRemoval(save, p.ChainNames()); in != "" {
+		if _, err := run(nsPath, in, f.restore, "-w", "--noflush"); err != nil {
 			return err
-		})
-		if err == nil && !present {
-			continue
-		}
-		save, err := run(nsPath, "", f.save, "-t", "filter")
-		if err != nil {
-			return err
-		}
-		if in := XtablesRemoval(save, p.ChainNames()); in != "" {
-			if _, err := run(nsPath, in, f.restore, "-w", "--noflush"); err != nil {
-				return err
-			}
 		}
 	}
 	return nil

@@ -70,11 +70,34 @@ func TestXtChainsPresent(t *testing.T) {
 	if err := Verify(cfg, BackendXtables); err != nil {
 		t.Fatal(err)
 	}
+	// The table differs from the plan (a second jump in IPv4, a goto
+	// from a chain of the host's in IPv6): the planned removal fails as
+	// a whole and Remove falls back to reading the table.
+	for _, c := range [][]string{
+		{"iptables-nft", "-A", "FORWARD", "-i", cfg.Iface, "-j", p.Chains[0].Name},
+		{"ip6tables-nft", "-N", "HOST-X"},
+		{"ip6tables-nft", "-A", "HOST-X", "-g", p.Chains[1].Name},
+	} {
+		testutil.Run(t, "ip", append([]string{"netns", "exec", ns}, c...)...)
+	}
 	if err := Remove(cfg); err != nil {
 		t.Fatal(err)
 	}
 	if got := present(t, path, p); got != [2]bool{} {
 		t.Fatalf("after Remove: present %v", got)
+	}
+	if out := testutil.Run(t, "ip", "netns", "exec", ns, "ip6tables-nft-save", "-t", "filter"); !strings.Contains(out, ":HOST-X") {
+		t.Errorf("Remove took the host's chain too:\n%s", out)
+	}
+	// A fresh Apply and Remove: the planned removal alone.
+	if _, err := Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := Remove(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := present(t, path, p); got != [2]bool{} {
+		t.Fatalf("after the second Remove: present %v", got)
 	}
 	if err := Verify(other, BackendXtables); err != nil {
 		t.Fatalf("removing ours touched the other sandbox's rules: %v", err)

@@ -363,6 +363,28 @@ func nftRuleText(r Rule) string {
 	return strings.Join(a, " ")
 }
 
+// XtablesPlannedRemoval is the restore input that deletes exactly what
+// a fresh XtablesRestore installed: the plan's jumps, then its chains.
+// It reads nothing, so it fails as a whole (one transaction, nothing
+// changed) where the table differs from the plan: a jump missing, or a
+// second one still referring to a chain (which then cannot be deleted).
+// Remove then reads the table and removes what is there (XtablesRemoval).
+func (p *Plan) XtablesPlannedRemoval() string {
+	var b strings.Builder
+	b.WriteString("*filter\n")
+	for _, j := range p.Jumps {
+		fmt.Fprintf(&b, "-D%s\n", p.JumpLine(j)[2:])
+	}
+	for _, c := range p.Chains {
+		fmt.Fprintf(&b, "-F %s\n", c.Name)
+	}
+	for _, c := range p.Chains {
+		fmt.Fprintf(&b, "-X %s\n", c.Name)
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
 // XtablesRemoval turns the output of `iptables-nft-save -t filter` into
 // the restore input that deletes exactly carbd's chains and every rule
 // jumping to them, in whichever chain, and nothing else. It returns ""

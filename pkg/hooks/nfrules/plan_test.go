@@ -169,6 +169,14 @@ func TestXtablesRemoval(t *testing.T) {
 	}
 }
 
+func TestXtablesPlannedRemoval(t *testing.T) {
+	p, err := Build(sb1, BackendXtables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "remove-planned-xtables.golden", p.XtablesPlannedRemoval())
+}
+
 func TestJumpFixes(t *testing.T) {
 	p, err := Build(sb1, BackendXtables)
 	if err != nil {
