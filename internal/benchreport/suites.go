@@ -135,6 +135,17 @@ var suites = []suite{
 		},
 	},
 	{
+		// Issue 13, start-up: one sandbox at a time (10 starts an
+		// iteration), the goal's own setting.
+		Title: "Start-up of one sandbox (internal/scalebench)",
+		Pkg:   "./internal/scalebench/",
+		Bench: "StartToExec",
+		Root:  true,
+		Goals: []goal{
+			{Name: "BenchmarkStartToExec", Metric: "start-p50-ms", Text: "start-to-exec latency p50 ≤ 150 ms, one netns sandbox", OK: func(v float64) bool { return v <= 150 }},
+		},
+	},
+	{
 		Title: "File tracing (pkg/hooks/fileev)",
 		Pkg:   "./pkg/hooks/fileev/",
 		Bench: ".",

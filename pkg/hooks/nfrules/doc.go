@@ -48,6 +48,11 @@
 // xtables NFQUEUE target through iptables-nft/ip6tables-nft in chains
 // CARBD-<id>-F and CARBD-<id>-I, jumped to from position 1 of FORWARD and
 // INPUT. Detect probes which (the kernels of our CI lack nft_queue).
+// The filter table, which holds every sandbox's chains, is read
+// (iptables-nft-save) only when it must be: whether carbd's chains exist
+// is asked by name through netlink, a fresh Apply restores without a
+// save, and Remove tries the planned removal (which fails as a whole if
+// the table differs from the plan) before reading the table.
 //
 // # Masquerading
 //
