@@ -247,7 +247,8 @@ func unseenWrite(r *fileev.Record) (string, bool) {
 }
 
 // noteUnseen keeps the paths whose staged content the event stream did
-// not show (unseenWrite), and follows them through renames and links: at
+// not show (unseenWrite), and follows them through renames (moved) and
+// links (added), forgetting a path that is removed: at
 // the commit point such a path is decided again from the staging layer,
 // which holds its content, so that nothing is committed unseen and its
 // label is not lost.
@@ -258,33 +259,61 @@ func (fc *fileChannel) noteUnseen(r *fileev.Record) {
 		fc.unseen[p] = true
 		return
 	}
-	if r.Kind != fileev.KindSyscall || r.Ret < 0 || r.Malformed != "" || !r.InRoot {
+	if r.Kind != fileev.KindSyscall || r.Ret < 0 || r.Malformed != "" {
 		return
 	}
 	switch r.Op {
 	case fileev.OpUnlink, fileev.OpRmdir:
-		// Gone: what is written there next is seen or not anew.
-		for p := range fc.unseen {
-			if p == r.Path || strings.HasPrefix(p, r.Path+"/") {
-				delete(fc.unseen, p)
-			}
+		if r.InRoot {
+			// Gone: what is written there next is seen or not anew.
+			fc.followUnseen(r.Path, "", true)
 		}
-		return
 	case fileev.OpRename, fileev.OpLink:
-		if !r.InRoot2 {
-			return
-		}
-	default:
-		return
-	}
-	for p := range fc.unseen {
 		switch {
-		case p == r.Path:
+		case !r.InRoot2:
+		case !r.InRoot:
+			// Brought into M from where no write was traced.
 			fc.unseen[r.Path2] = true
-		case strings.HasPrefix(p, r.Path+"/"):
-			fc.unseen[r.Path2+p[len(r.Path):]] = true // a directory renamed
+		case r.Op == fileev.OpRename && r.Flags&renameExchange != 0:
+			// Swapped: each name holds what the other held.
+			a := fc.followUnseen(r.Path, "", false)
+			b := fc.followUnseen(r.Path2, "", false)
+			for _, p := range a {
+				fc.unseen[r.Path2+p[len(r.Path):]] = true
+			}
+			for _, p := range b {
+				fc.unseen[r.Path+p[len(r.Path2):]] = true
+			}
+		default:
+			fc.followUnseen(r.Path, r.Path2, r.Op == fileev.OpRename)
 		}
 	}
+}
+
+// renameExchange is renameat2's RENAME_EXCHANGE.
+const renameExchange = 0x2
+
+// followUnseen finds the unseen paths at or below from; with to, it marks
+// each at its place below to; with drop, it forgets them under from. It
+// returns what it found. fc.mu is held.
+func (fc *fileChannel) followUnseen(from, to string, drop bool) []string {
+	var found []string
+	for p := range fc.unseen {
+		if p == from || strings.HasPrefix(p, from+"/") {
+			found = append(found, p)
+		}
+	}
+	for _, p := range found {
+		if drop {
+			delete(fc.unseen, p)
+		}
+	}
+	if to != "" {
+		for _, p := range found {
+			fc.unseen[to+p[len(from):]] = true
+		}
+	}
+	return found
 }
 
 // takeUnseen reports whether path's content was not seen by the event

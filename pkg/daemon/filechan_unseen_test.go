@@ -10,9 +10,10 @@ import (
 )
 
 // TestNoteUnseen: a write whose content the tracer could not read back
-// marks its path to be decided from the staging layer, and so does every
-// name the file gets afterwards (rename, link, its directory renamed);
-// removing a path forgets it; taking it once clears it.
+// marks its path to be decided from the staging layer; the mark follows
+// the file to its new name (rename, its directory renamed) and to a
+// second one (link); removing a path forgets it; taking it once clears
+// it.
 func TestNoteUnseen(t *testing.T) {
 	sc := func(op fileev.Op, ret int64, path, path2 string, f func(r *fileev.Record)) *fileev.Record {
 		r := &fileev.Record{Kind: fileev.KindSyscall, Op: op, Ret: ret, Path: path, InRoot: path != "", Path2: path2, InRoot2: path2 != ""}
@@ -37,6 +38,10 @@ func TestNoteUnseen(t *testing.T) {
 		sc(fileev.OpWrite, 5, "tmp2", "", gone),
 		sc(fileev.OpUnlink, 0, "tmp2", "", nil), // removed: forgotten
 		sc(fileev.OpWrite, 5, "x", "", func(r *fileev.Record) { gone(r); r.Malformed = "cut" }),
+		sc(fileev.OpRename, 0, "/outside/f", "in.txt", func(r *fileev.Record) { r.InRoot = false }), // into M untraced
+		sc(fileev.OpWrite, 5, "s1", "", gone),
+		sc(fileev.OpRename, 0, "s1", "s2", func(r *fileev.Record) { r.Flags = 0x2 }),                  // RENAME_EXCHANGE: both
+		sc(fileev.OpRename, 0, "out.txt", "/outside/o", func(r *fileev.Record) { r.InRoot2 = false }), // out of M: kept
 	} {
 		fc.noteUnseen(r)
 	}
@@ -45,7 +50,7 @@ func TestNoteUnseen(t *testing.T) {
 		got = append(got, p)
 	}
 	sort.Strings(got)
-	want := []string{"big.bin", "big2.bin", "d/copy", "db", "e/copy", "out.txt", "t.tmp"}
+	want := []string{"big.bin", "big2.bin", "db", "e/copy", "in.txt", "out.txt", "s1", "s2"}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("unseen paths (-want +got):\n%s", d)
 	}
