@@ -23,7 +23,10 @@
 // KindLoss record, and makes TakeRescan true, as does a record that could
 // not be resolved (Record.Malformed): the daemon then re-scans the upper
 // layer before committing. Sync waits until every record of syscalls that
-// returned before it was called has been handled.
+// returned before it was called has been handled; it is the flush point of
+// the batched wake-ups (Config.WakeupInterval: the kernel side wakes Run
+// at most once per interval, Sync's marker always), so a decision that
+// syncs first never waits for a batch.
 //
 // StartVirtiofsd runs /usr/lib/qemu/virtiofsd (one per VM boot), in a
 // cgroup when asked, so tracing that cgroup sees it from its first
