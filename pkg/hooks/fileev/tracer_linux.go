@@ -25,8 +25,8 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultRingBytes      = 4 << 20         // ring buffer: ~3,500 path records or ~23,000 data records
-	DefaultMaxContent     = 1 << 20         // content read back per record
+	DefaultRingBytes      = 4 << 20          // ring buffer: ~3,500 path records or ~23,000 data records
+	DefaultMaxContent     = 1 << 20          // content read back per record
 	DefaultWakeupInterval = time.Millisecond // at most one reader wake-up per interval
 )
 
