@@ -24,6 +24,13 @@
 //     (their URLs name the sandbox) and every sandbox has its own bound
 //     queue (/proc/net/netfilter/nfnetlink_queue).
 //
+// BenchmarkStartToExec is the start-up goal's own setting: one sandbox
+// at a time, CARBD_START_N starts (default 10) whose agent stamps the
+// time and exits; start-to-exec p50 and p90, and start to exit. Given
+// CARBD_SCALE_BASE_BIN (another carbd build), it starts that one in turn
+// with this one and reports the ratio of their medians (start/base): a
+// before/after within one run, on a machine whose load changes.
+//
 // # Requirements
 //
 // Root (namespaces, BPF, netfilter), curl, and a Go toolchain to build
