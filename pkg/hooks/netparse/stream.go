@@ -511,6 +511,13 @@ func (p *Parser) step(f *flow, b []byte, atFin bool, now time.Time, res *Result)
 		p.opaque(f, b, err, now, res)
 		return false
 	case modeTLS:
+		if !looksTLS(b) {
+			// Detected on its first byte(s); the bytes that followed
+			// show it is not a TLS record after all: as when they all
+			// arrive at once (segmentation invariance).
+			p.opaque(f, b, ErrOpaqueProto, now, res)
+			return false
+		}
 		msg, st, err := f.hello.next(b, p.cfg.MaxHeaderBytes, &p.tlsScratch)
 		switch st {
 		case tlsMore:
