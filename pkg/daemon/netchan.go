@@ -58,6 +58,9 @@ type netChannel struct {
 	// rulesErr); backend is set before. See installRules.
 	rulesDone chan struct{}
 	rulesErr  error
+	// traced is closed once the file tracer is set up (netns backend;
+	// nil: set up before the channel started).
+	traced chan struct{}
 
 	mu sync.Mutex // guards flows, bySeq and names
 	// flows is each flow's latest decision, for the capture's
@@ -189,7 +192,17 @@ func startBackend(ctx, lctx context.Context, nc *netChannel, tcfg tcx.Config) er
 // whose host side gets the hooks before it comes up.
 func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) error {
 	d, plan := nc.d, nc.plan
-	cgroup := d.files.startTracing(ctx, d.cfg.Workdir)
+	// The file tracer loads (its programs verified: the longest step of
+	// a start) while the sandbox and its hooks are set up. The sandbox's
+	// command starts only once the tracer follows its cgroup
+	// (CgroupFunc), and no decision is made before (decide).
+	var cgroup string
+	nc.traced = make(chan struct{})
+	go func() {
+		defer close(nc.traced)
+		cgroup = d.files.startTracing(ctx, d.cfg.Workdir)
+	}()
+	defer func() { <-nc.traced }()
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
 		"CARBD_TASK=" + d.cfg.Task, "CARBD_NOTICES=/run/carbd/notices", "CARBD_SANDBOX=" + d.cfg.ID}
 	if t := os.Getenv("TERM"); t != "" {
@@ -215,10 +228,13 @@ func (nc *netChannel) startNetns(ctx, lctx context.Context, tcfg tcx.Config) err
 	sb, err := netns.Start(netns.Config{
 		Plan: plan, Workdir: d.cfg.Workdir, Merged: d.files.merged, Argv: d.cfg.Argv, Env: env,
 		UID: d.cfg.UID, GID: d.cfg.GID, Hostname: "carbd-" + d.cfg.ID,
-		DNS:    []netip.Addr{plan.HostAddr4.Addr()},
-		Binds:  binds,
-		Hide:   d.hiddenPaths(),
-		Cgroup: cgroup,
+		DNS:   []netip.Addr{plan.HostAddr4.Addr()},
+		Binds: binds,
+		Hide:  d.hiddenPaths(),
+		CgroupFunc: func() string {
+			<-nc.traced
+			return cgroup
+		},
 		BeforeUp: func(host netlink.Link) error {
 			return nc.hooks(lctx, tcfg)
 		},
@@ -463,6 +479,9 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		_ = nc.resp.WaitSeen(wctx, netip.AddrPortFrom(m.Flow.Src, m.Flow.SrcPort), netip.AddrPortFrom(m.Flow.Dst, m.Flow.DstPort), m.Seq)
 		cancel()
+	}
+	if t := nc.traced; t != nil {
+		<-t // the file tracer is set up (startNetns)
 	}
 	if err := nc.d.files.syncTracing(ctx); err != nil {
 		nc.d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", nc.d.engine.Policy().Redact(ev.Summary()), "err", err)

@@ -58,6 +58,10 @@ type Config struct {
 	// Cgroup, when set, is a cgroup v2 directory the sandbox is placed
 	// in before its command starts (for tracing by cgroup).
 	Cgroup string
+	// CgroupFunc, when set, gives Cgroup late: Start calls it once the
+	// sandbox's init is ready, just before moving it, so that whatever
+	// makes the cgroup (a file tracer loading) runs meanwhile.
+	CgroupFunc func() string
 	// BeforeUp runs after the veth pair exists and before its host side
 	// comes up: carbd attaches its TC program and queue rules there, so
 	// the interface never carries unmediated traffic.
@@ -162,9 +166,13 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	if _, err := io.ReadFull(readyR, b[:]); err != nil {
 		return nil, errors.New("netns: the sandbox's init failed while setting up (see its error output)")
 	}
-	if cfg.Cgroup != "" {
-		if err := os.WriteFile(filepath.Join(cfg.Cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-			return nil, fmt.Errorf("netns: move sandbox into cgroup %s: %w", cfg.Cgroup, err)
+	cgroup := cfg.Cgroup
+	if cfg.CgroupFunc != nil {
+		cgroup = cfg.CgroupFunc()
+	}
+	if cgroup != "" {
+		if err := os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+			return nil, fmt.Errorf("netns: move sandbox into cgroup %s: %w", cgroup, err)
 		}
 	}
 	if _, err := goW.Write([]byte{1}); err != nil {

@@ -113,3 +113,49 @@ func TestNetworkOnlyThroughVeth(t *testing.T) {
 		t.Errorf("want exactly eth0 and lo inside:\n%s", out)
 	}
 }
+
+// TestCgroupFunc: the cgroup CgroupFunc gives late is where the command
+// runs (so it started only after CgroupFunc returned: the init moves
+// before starting it, and a started command keeps its cgroup).
+func TestCgroupFunc(t *testing.T) {
+	testutil.RequireRoot(t)
+	mnt := "/sys/fs/cgroup/unified"
+	if _, err := os.Stat(filepath.Join(mnt, "cgroup.procs")); err != nil {
+		mnt = "/sys/fs/cgroup"
+		if _, err := os.Stat(filepath.Join(mnt, "cgroup.controllers")); err != nil {
+			t.Skip("no cgroup v2 hierarchy")
+		}
+	}
+	name := testutil.UniqueName("cgf")
+	cg := filepath.Join(mnt, name)
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(cg) })
+	plan, err := NewPlan(testutil.UniqueName("s"), 7000+(os.Getpid()*7+int(nextIndex.Add(1)))%6000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := workdir(t)
+	var out bytes.Buffer
+	var called atomic.Bool
+	s, err := Start(Config{Plan: plan, Workdir: work, Argv: []string{"/bin/sh", "-c", "cat /proc/self/cgroup"}, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		UID: testUID, GID: testUID, Stdout: &out, Stderr: &out,
+		CgroupFunc: func() string {
+			called.Store(true)
+			return cg
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if code, err := s.Wait(); err != nil || code != 0 {
+		t.Fatalf("exit %d, %v\n%s", code, err, out.String())
+	}
+	if !called.Load() {
+		t.Fatal("CgroupFunc was not called")
+	}
+	if !strings.Contains(out.String(), "/"+name) {
+		t.Errorf("the command ran in %q, want cgroup %s", out.String(), name)
+	}
+}
