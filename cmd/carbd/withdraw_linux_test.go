@@ -73,6 +73,7 @@ func TestCLIWithdrawnQuestion(t *testing.T) {
 	w := newWorld(t, 131)
 	work := cliWorkdir(t)
 	r := startRun(t, bin, w, work, `
+curl -sS -m 3 -o /dev/null http://api.example.com/gone-4b2; echo "gone=$?"
 python3 - <<'EOF' &
 import os, socket, struct, time
 s = socket.create_connection(("api.example.com", 80))
@@ -83,13 +84,14 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 s.close()
 print("reset sent")
 EOF
-curl -sS -m 3 -o /dev/null http://api.example.com/gone-4b2; echo "gone=$?"
 wait_for second
 curl -sS -m 50 -o /dev/null http://api.example.com/exit-4b2 &
 wait_for exit
 `, "--oracle", "operator", "--operator-timeout", "60s")
 
-	// carbd watch shows the question, then its withdrawal.
+	// carbd watch shows the question, then its withdrawal. (The reset
+	// request is asked only after it: watch shows one question at a
+	// time, and would otherwise be showing that one.)
 	watchOut := &syncBuffer{}
 	watch := startWatch(t, bin, r, watchOut)
 	q := r.pending(t, "gone-4b2")
