@@ -99,6 +99,12 @@ type Config struct {
 	Stderr          io.Writer
 	Log             *slog.Logger
 
+	// FileRingBytes is the size of the file tracer's ring buffer (see
+	// fileev.Config.RingBytes): 0 means fileev.DefaultRingBytes. A small
+	// ring loses events under a burst of writes; the staged changes are
+	// then decided from the staging layer (docs/file-events.md).
+	FileRingBytes int
+
 	// VM configures the qemu and cloud-hypervisor backends.
 	VM VMConfig
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -50,6 +51,8 @@ type fileChannel struct {
 	conflicts    []staging.Conflict  // in the order found
 	conflicted   map[string][32]byte // path -> digest of the staged change found in conflict
 	unseen       map[string]bool     // paths written with content the tracer did not see: decided from the staging layer
+	lost         map[string]bool     // staged paths found at a commit point after a loss, to decide again from the staging layer once
+	losses       uint64              // commit points that found records lost or malformed
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -61,11 +64,12 @@ type pathState struct {
 	decided bool // some decision was recorded
 	refused bool // some effect on it was refused
 	seqs    []uint64
+	ops     map[string]bool // the operations decided (decide.Event.Op)
 }
 
 func openFileChannel(d *daemon) (*fileChannel, error) {
 	fc := &fileChannel{d: d, paths: map[string]*pathState{}, conflicted: map[string][32]byte{}, refusedSeen: map[string]bool{},
-		unseen: map[string]bool{}}
+		unseen: map[string]bool{}, lost: map[string]bool{}}
 	fc.merged = filepath.Join(d.dir, "merged")
 	if within(d.cfg.WorkStateDir, DefaultWorkStateRoot) {
 		// Searchable by W's owner, who takes the agent's versions of
@@ -129,7 +133,7 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 		return ""
 	}
 	fc.cg = cg
-	tr, err := fileev.New(fileev.Config{Root: fc.merged})
+	tr, err := fileev.New(fileev.Config{Root: fc.merged, RingBytes: fc.d.cfg.FileRingBytes})
 	if err != nil {
 		fc.d.log.Warn("file tracing off: every sensitive file counts as read", "err", err)
 		fc.assumeSensitiveRead(nil)
@@ -150,10 +154,15 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 	// ends the run.
 	fc.d.sup.Go(&wg, tctx, "file-tracer", func(ctx context.Context) error {
 		return tr.Run(ctx, func(rec *fileev.Record, evs []decide.Event) {
-			if unattributedRead(rec) {
+			switch {
+			case unattributedRead(rec):
 				fc.mu.Lock()
 				fc.unattributed++
 				fc.mu.Unlock()
+				fc.assumeSensitiveRead(rec)
+			case rec.Kind == fileev.KindLoss:
+				// Records were lost: a read among them is a read
+				// carbd did not see.
 				fc.assumeSensitiveRead(rec)
 			}
 			fc.noteUnseen(rec)
@@ -350,10 +359,14 @@ func (fc *fileChannel) assumeSensitiveRead(rec *fileev.Record) {
 		fc.mu.Unlock()
 		return
 	}
+	first := !fc.assumed
 	fc.assumed, fc.assumedAt = true, fc.changes
 	fc.mu.Unlock()
 	why := "file tracing is off"
-	if rec != nil {
+	switch {
+	case rec != nil && rec.Kind == fileev.KindLoss:
+		why = fmt.Sprintf("file events were lost (%d so far)", rec.Lost)
+	case rec != nil:
 		why = fmt.Sprintf("a %s by pid %d could not be attributed (%s%s)", rec.Op, rec.PID, rec.Malformed, rec.ContentErr)
 	}
 	root, err := os.Open(fc.merged)
@@ -385,7 +398,13 @@ func (fc *fileChannel) assumeSensitiveRead(rec *fileev.Record) {
 			})
 		}
 	}
-	fc.d.log.Info("the sensitive files count as read", "why", why, "files", n)
+	// A flood of losses renews this every time the agent changed
+	// something: said once, then at debug level.
+	lvl := slog.LevelInfo
+	if !first {
+		lvl = slog.LevelDebug
+	}
+	fc.d.log.Log(context.Background(), lvl, "the sensitive files count as read", "why", why, "files", n)
 }
 
 // staticPrefix is the directory part of a glob before its first pattern
@@ -469,6 +488,10 @@ func (fc *fileChannel) note(dec decide.Decision) {
 		}
 		ps.decided = true
 		ps.seqs = append(ps.seqs, dec.Seq)
+		if ps.ops == nil {
+			ps.ops = map[string]bool{}
+		}
+		ps.ops[dec.Event.Op] = true
 		switch dec.Verdict {
 		case decide.Refuse:
 			ps.refused = true
@@ -480,18 +503,25 @@ func (fc *fileChannel) note(dec decide.Decision) {
 // the labels of what the agent had read), refused ones are reverted, held
 // ones stay staged.
 func (fc *fileChannel) commitPoint(ctx context.Context) {
+	rescan := false
 	if fc.tracer != nil {
 		if err := fc.tracer.Sync(ctx); err != nil {
 			fc.d.log.Warn("file tracing sync", "err", err)
 		}
-		if fc.tracer.TakeRescan() {
-			fc.d.log.Debug("file events may have been lost: the staged changes are decided from a rescan")
-		}
+		rescan = fc.tracer.TakeRescan()
 	}
 	changes, err := fc.st.Changes(ctx)
 	if err != nil {
 		fc.d.log.Error("scan the staged changes", "err", err)
 		return
+	}
+	if rescan {
+		// The event stream missed something before this point (a full
+		// ring, a cut record): what tracing saw of a staged change may
+		// not be what the change holds. Each change staged now is
+		// decided once more from the staging layer before it is
+		// committed.
+		fc.markLost(changes)
 	}
 	var commit, abort []staging.Change
 	for _, c := range changes {
@@ -506,9 +536,11 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			continue
 		}
 		state, unseen := fc.state(c.Path), fc.takeUnseen(c.Path)
-		if state == nil || unseen {
-			// Not seen by tracing, or written with content it did not
-			// see: decide it now from the staging layer.
+		if state == nil || unseen || fc.takeLost(c, state) {
+			// Not seen by tracing, written with content it did not
+			// see, or staged when events were lost: decide it now from
+			// the staging layer.
+			fc.dropLost(c.Path)
 			ev, err := fc.st.Event(c)
 			if err != nil {
 				fc.d.log.Warn("staged change", "path", c.Path, "err", err)
@@ -559,6 +591,65 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 		res, err := fc.st.Abort(ctx, abort)
 		fc.finish(abort, res, err, false)
 	}
+}
+
+// markLost marks every staged change to be decided again from the
+// staging layer: file events were lost or malformed since the last commit
+// point.
+func (fc *fileChannel) markLost(changes []staging.Change) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	fc.losses++
+	for _, c := range changes {
+		if c.Refused == "" {
+			fc.lost[c.Path] = true
+		}
+	}
+	fc.d.log.Info("file events were lost or malformed: the staged changes are decided again from the staging layer", "changes", len(changes))
+}
+
+// takeLost reports whether c was staged when events were lost and is to
+// be decided again now from the staging layer, and forgets the mark.
+//
+// A change whose decision is still held (in an open scope, or a question
+// open to the oracle) keeps its mark until that decision is final: it is
+// not asked about a second time meanwhile, and it is not committed before
+// it is decided again. A refused one is aborted anyway. A removal or a
+// new directory (nothing but its path, no content, mode or target to
+// have missed) whose operation on that path was decided is not decided
+// again: the staging layer's event is the one already decided (an
+// operator's answer about a mkdir stands).
+func (fc *fileChannel) takeLost(c staging.Change, state *pathState) bool {
+	fc.mu.Lock()
+	marked := fc.lost[c.Path]
+	fc.mu.Unlock()
+	if !marked {
+		return false
+	}
+	switch fc.verdictOf(state) {
+	case decide.Defer:
+		return false
+	case decide.Refuse:
+		fc.dropLost(c.Path) // aborted, never committed
+		return false
+	}
+	fc.dropLost(c.Path)
+	switch c.Op {
+	case staging.OpMkdir, staging.OpRmdir, staging.OpUnlink:
+		fc.mu.Lock()
+		decided := state.ops[c.Op.EventOp()]
+		fc.mu.Unlock()
+		return !decided
+	}
+	return true
+}
+
+// dropLost forgets path's loss mark: it is being decided from the staging
+// layer.
+func (fc *fileChannel) dropLost(path string) {
+	fc.mu.Lock()
+	delete(fc.lost, path)
+	fc.mu.Unlock()
 }
 
 // state returns the decisions recorded for path or for the directory it
