@@ -138,3 +138,126 @@ func fieldOf(ev *decide.Event, name string) bool {
 	}
 	return false
 }
+
+// lossHeldPolicy defers a mkdir (its path is not in the task), so that
+// the agent's writes after it are held in a speculative scope, and
+// refuses lossSecret in held/out.txt.
+const lossHeldPolicy = `
+version: 1
+levels: [public, secret]
+trusted:
+  task: true
+refuse:
+  - {name: no-key-in-out, paths: ["held/out.txt"], values: ["` + lossSecret + `"]}
+operations:
+  - {ops: ["file:mkdir"], kind: stageable, gate: [target]}
+  - {ops: ["file:*"], kind: stageable, gate: []}
+defaults: {kind: blocking, gate: [target, credential, command]}
+`
+
+// lossHeldAgent opens a scope (the mkdir), creates held/out.txt in it,
+// floods the ring with writes outside the working directory, and writes
+// the secret into held/out.txt in the middle of the flood.
+const lossHeldAgent = `
+import os
+os.mkdir("held")
+out = os.open("held/out.txt", os.O_CREAT | os.O_WRONLY, 0o644)
+fl = os.open("/tmp/flood.bin", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+for _ in range(20000):
+    os.write(fl, b"x")
+os.write(out, SECRET.encode())
+for _ in range(2000):
+    os.write(fl, b"x")
+os.close(fl)
+os.close(out)
+`
+
+// TestLossWhileHeld: events are lost while the changes they are about are
+// held in a scope (the operator not asked yet, then asked). The operator
+// is asked once about each held effect, never again about the same one;
+// once the scope is released, the held file is decided again from the
+// staging layer, so the secret written in it (its record lost, or seen
+// and refused) is not committed, while the approved directory is; the
+// run ends.
+func TestLossWhileHeld(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "python3")
+	work := secretWorkdir(t)
+	p, err := decide.ParsePolicy("lossheld.yaml", []byte(lossHeldPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := decide.NewOperator(2 * time.Minute)
+	var out syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// The operator approves every question as it comes; each question's
+	// summary is counted.
+	asked := map[uint64]string{}
+	stopOp := make(chan struct{})
+	opDone := make(chan struct{})
+	go func() {
+		defer close(opDone)
+		for {
+			for _, q := range op.Pending() {
+				if _, ok := asked[q.ID]; !ok {
+					asked[q.ID] = q.Summary
+					_ = op.Answer(q.ID, decide.Release, "test operator")
+				}
+			}
+			select {
+			case <-stopOp:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	script := "SECRET = " + fmt.Sprintf("%q", lossSecret) + "\n" + lossHeldAgent
+	sum, err := Run(ctx, Config{ID: testutil.UniqueName("l"), StateDir: t.TempDir(), Policy: p, PolicyPath: "lossheld.yaml",
+		Workdir: work, Task: "Write the files", Argv: []string{"/usr/bin/python3", "-c", script}, UID: sandboxUID, GID: sandboxUID,
+		Oracle: op, Operator: op, HoldTimeout: 3 * time.Second, FileRingBytes: os.Getpagesize(), Stdout: &out, Stderr: &out,
+		Log: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	close(stopOp)
+	<-opDone
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the run did not end before its deadline\n%s", out.String())
+	}
+	log := out.String()
+	if sum.ExitCode != 0 {
+		t.Fatalf("the agent exited %d\n%s", sum.ExitCode, log)
+	}
+	if !strings.Contains(log, "file events were lost or malformed") {
+		t.Fatalf("no loss: the flood did not overflow the ring (nothing tested)\n%s", log)
+	}
+	// The same effect asked again may differ in its control fields (the
+	// mode a mkdir asked for, the mode it got): count by operation and
+	// path.
+	seen := map[string]int{}
+	for _, s := range asked {
+		f := strings.Fields(s)
+		seen[strings.Join(f[:min(4, len(f))], " ")]++
+	}
+	for s, n := range seen {
+		if n > 1 {
+			t.Errorf("the operator was asked %d times about %q", n, s)
+		}
+	}
+	if len(asked) == 0 {
+		t.Errorf("the operator was never asked (no scope held the writes)\n%s", log)
+	}
+	t.Logf("questions: %v", asked)
+	for _, d := range sum.Refused {
+		if d.Event != nil && d.Event.Obj == "held/out.txt" {
+			t.Logf("refused: %s (traced write: %v)", d.Event.Summary(), fieldOf(d.Event, "offset"))
+		}
+	}
+	if st, err := os.Stat(filepath.Join(work, "held")); err != nil || !st.IsDir() {
+		t.Errorf("the approved directory is not committed: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(work, "held", "out.txt")); err == nil && bytes.Contains(b, []byte(lossSecret)) {
+		t.Errorf("held/out.txt committed with the secret the policy refuses there\n%s", log)
+	}
+}
