@@ -226,6 +226,9 @@ func (c *Config) validate() error {
 	if c.HoldTimeout == 0 {
 		c.HoldTimeout = 10 * time.Second
 	}
+	if n, pg := c.FileRingBytes, os.Getpagesize(); n < 0 || n > 0 && (n&(n-1) != 0 || n%pg != 0) {
+		errs = append(errs, fmt.Errorf("file ring size %d: want 0 or a power of two multiple of the page size (%d)", n, pg))
+	}
 	if c.Stdout == nil {
 		c.Stdout = os.Stdout
 	}

@@ -261,3 +261,20 @@ func TestLossWhileHeld(t *testing.T) {
 		t.Errorf("held/out.txt committed with the secret the policy refuses there\n%s", log)
 	}
 }
+
+// TestFileRingBytesValidated: a ring size the tracer would refuse is a
+// configuration error, not a run with tracing off.
+func TestFileRingBytesValidated(t *testing.T) {
+	pg := os.Getpagesize()
+	for _, tc := range []struct {
+		n  int
+		ok bool
+	}{{0, true}, {pg, true}, {16 * pg, true}, {-pg, false}, {pg + 1, false}, {3 * pg, false}, {pg / 2, false}} {
+		c := Config{FileRingBytes: tc.n}
+		err := c.validate()
+		bad := err != nil && strings.Contains(err.Error(), "file ring size")
+		if bad == tc.ok {
+			t.Errorf("FileRingBytes %d: %v, want valid %v", tc.n, err, tc.ok)
+		}
+	}
+}
