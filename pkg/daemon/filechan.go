@@ -52,7 +52,6 @@ type fileChannel struct {
 	conflicted   map[string][32]byte // path -> digest of the staged change found in conflict
 	unseen       map[string]bool     // paths written with content the tracer did not see: decided from the staging layer
 	lost         map[string]bool     // staged paths found at a commit point after a loss, to decide again from the staging layer once
-	losses       uint64              // commit points that found records lost or malformed
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -536,16 +535,23 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			continue
 		}
 		state, unseen := fc.state(c.Path), fc.takeUnseen(c.Path)
-		if state == nil || unseen || fc.takeLost(c, state) {
+		if state == nil || unseen || fc.lostToDecide(c, state) {
 			// Not seen by tracing, written with content it did not
 			// see, or staged when events were lost: decide it now from
 			// the staging layer.
-			fc.dropLost(c.Path)
 			ev, err := fc.st.Event(c)
 			if err != nil {
+				// Not committed on what tracing saw: it keeps its
+				// marks, and the next commit point tries again.
+				if unseen {
+					fc.mu.Lock()
+					fc.unseen[c.Path] = true
+					fc.mu.Unlock()
+				}
 				fc.d.log.Warn("staged change", "path", c.Path, "err", err)
 				continue
 			}
+			fc.dropLost(c.Path)
 			fc.propose(ctx, ev)
 			state = fc.state(c.Path)
 		}
@@ -599,7 +605,6 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 func (fc *fileChannel) markLost(changes []staging.Change) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
-	fc.losses++
 	for _, c := range changes {
 		if c.Refused == "" {
 			fc.lost[c.Path] = true
@@ -608,8 +613,9 @@ func (fc *fileChannel) markLost(changes []staging.Change) {
 	fc.d.log.Info("file events were lost or malformed: the staged changes are decided again from the staging layer", "changes", len(changes))
 }
 
-// takeLost reports whether c was staged when events were lost and is to
-// be decided again now from the staging layer, and forgets the mark.
+// lostToDecide reports whether c was staged when events were lost and is
+// to be decided again now from the staging layer (the caller forgets the
+// mark once it is).
 //
 // A change whose decision is still held (in an open scope, or a question
 // open to the oracle) keeps its mark until that decision is final: it is
@@ -619,7 +625,7 @@ func (fc *fileChannel) markLost(changes []staging.Change) {
 // have missed) whose operation on that path was decided is not decided
 // again: the staging layer's event is the one already decided (an
 // operator's answer about a mkdir stands).
-func (fc *fileChannel) takeLost(c staging.Change, state *pathState) bool {
+func (fc *fileChannel) lostToDecide(c staging.Change, state *pathState) bool {
 	fc.mu.Lock()
 	marked := fc.lost[c.Path]
 	fc.mu.Unlock()
@@ -633,13 +639,15 @@ func (fc *fileChannel) takeLost(c staging.Change, state *pathState) bool {
 		fc.dropLost(c.Path) // aborted, never committed
 		return false
 	}
-	fc.dropLost(c.Path)
 	switch c.Op {
 	case staging.OpMkdir, staging.OpRmdir, staging.OpUnlink:
 		fc.mu.Lock()
 		decided := state.ops[c.Op.EventOp()]
 		fc.mu.Unlock()
-		return !decided
+		if decided {
+			fc.dropLost(c.Path)
+			return false
+		}
 	}
 	return true
 }
