@@ -13,6 +13,7 @@ import (
 
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/staging"
 )
 
 // lossSecret is what the loss test's agent writes where the policy
@@ -103,6 +104,25 @@ func TestLossDecidedFromStaging(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(work, "flood.bin")); err != nil || len(b) != 22000 {
 		t.Errorf("flood.bin not committed whole: %d bytes, %v", len(b), err)
+	}
+	// flood.bin was written while records were lost (reads among them,
+	// for all carbd knows) and decided again from the staging layer: its
+	// committed label is at least the sensitive files' (certs/ is
+	// secret), though the agent's traced reads never touched them.
+	id, err := WorkStateID(work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := staging.Open(staging.Config{WorkDir: work, StateDir: filepath.Join(DefaultWorkStateRoot, id), LayerDir: filepath.Join(t.TempDir(), "layers")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, ok := st.Labels().Committed("flood.bin")
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !ok || p.LevelName(lb.Level) != "secret" {
+		t.Errorf("flood.bin's committed label is %+v (%v), want level secret", lb, ok)
 	}
 	// How each refusal was reached: from the traced write (its record
 	// kept) or from the staging layer (the decision after the loss).
