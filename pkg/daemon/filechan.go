@@ -52,6 +52,7 @@ type fileChannel struct {
 	conflicted   map[string][32]byte // path -> digest of the staged change found in conflict
 	unseen       map[string]bool     // paths written with content the tracer did not see: decided from the staging layer
 	lost         map[string]bool     // staged paths found at a commit point after a loss, to decide again from the staging layer once
+	rescan       bool                // a loss was acknowledged (TakeRescan) and its staged changes are not marked yet
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -502,18 +503,27 @@ func (fc *fileChannel) note(dec decide.Decision) {
 // the labels of what the agent had read), refused ones are reverted, held
 // ones stay staged.
 func (fc *fileChannel) commitPoint(ctx context.Context) {
-	rescan := false
 	if fc.tracer != nil {
 		if err := fc.tracer.Sync(ctx); err != nil {
 			fc.d.log.Warn("file tracing sync", "err", err)
 		}
-		rescan = fc.tracer.TakeRescan()
+		if fc.tracer.TakeRescan() {
+			// Kept until the changes are marked: a failed scan
+			// below must not forget the loss.
+			fc.mu.Lock()
+			fc.rescan = true
+			fc.mu.Unlock()
+		}
 	}
 	changes, err := fc.st.Changes(ctx)
 	if err != nil {
 		fc.d.log.Error("scan the staged changes", "err", err)
 		return
 	}
+	fc.mu.Lock()
+	rescan := fc.rescan
+	fc.rescan = false
+	fc.mu.Unlock()
 	if rescan {
 		// The event stream missed something before this point (a full
 		// ring, a cut record): what tracing saw of a staged change may
