@@ -65,7 +65,10 @@ func TestCrashAtRandomPoints(t *testing.T) {
 		}
 		now := snapshot(t, c.Workdir)
 		for p, v := range committed {
-			if now[p] != v {
+			// A committed file stays as committed, except that a run
+			// resuming a crashed run's staged changes may commit the
+			// append the agent made after it (never anything else).
+			if now[p] != v && !(!strings.HasSuffix(v, "more\n") && now[p] == v+"more\n") {
 				t.Fatalf("point %d (%s): %s was committed as %q, is now %q", i, when, p, v, now[p])
 			}
 		}
