@@ -130,37 +130,7 @@ func NewFront(cfg FrontConfig) (*Front, error) {
 // goroutine until ctx ends or ln fails; it closes ln when ctx ends and
 // returns once every connection has ended.
 func (f *Front) Serve(ctx context.Context, ln net.Listener) error {
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("intercept: accept: %w", err)
-		}
-		wg.Go(func() {
-			dst, err := f.origDst(c)
-			if err != nil {
-				f.log.Warn("intercept: original destination", "client", c.RemoteAddr(), "err", err)
-				c.Close()
-				return
-			}
-			if err := f.Handle(ctx, c, dst); err != nil {
-				f.log.Info("intercept: connection", "client", c.RemoteAddr(), "dst", dst, "err", err)
-			}
-		})
-	}
-}
-
-func (f *Front) origDst(c net.Conn) (netip.AddrPort, error) {
-	if f.cfg.OrigDst != nil {
-		return f.cfg.OrigDst(c)
-	}
-	return addrPort(c.LocalAddr())
+	return serve(ctx, ln, f.cfg.OrigDst, f.Handle, f.log)
 }
 
 // Handle reads the ClientHello of one connection the guest opened to

@@ -206,6 +206,16 @@ func New(cfg Config) (*Proxy, error) {
 // Serve accepts connections from ln and handles each on its own
 // goroutine until ctx ends or ln fails; it closes ln when ctx ends.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	return serve(ctx, ln, p.cfg.OrigDst, p.Handle, p.log)
+}
+
+// serve is the accept loop of Proxy and Front: each connection, with its
+// original destination (origDst, default the accepted connection's local
+// address), is given to handle on its own goroutine until ctx ends or ln
+// fails. It closes ln when ctx ends and returns once every connection
+// has ended.
+func serve(ctx context.Context, ln net.Listener, origDst func(net.Conn) (netip.AddrPort, error),
+	handle func(context.Context, net.Conn, netip.AddrPort) error, log *slog.Logger) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var wg sync.WaitGroup
@@ -219,24 +229,23 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 			return fmt.Errorf("intercept: accept: %w", err)
 		}
 		wg.Go(func() {
-			dst, err := p.origDst(c)
+			var dst netip.AddrPort
+			var err error
+			if origDst != nil {
+				dst, err = origDst(c)
+			} else {
+				dst, err = addrPort(c.LocalAddr())
+			}
 			if err != nil {
-				p.log.Warn("intercept: original destination", "client", c.RemoteAddr(), "err", err)
+				log.Warn("intercept: original destination", "client", c.RemoteAddr(), "err", err)
 				c.Close()
 				return
 			}
-			if err := p.Handle(ctx, c, dst); err != nil {
-				p.log.Info("intercept: connection", "client", c.RemoteAddr(), "dst", dst, "err", err)
+			if err := handle(ctx, c, dst); err != nil {
+				log.Info("intercept: connection", "client", c.RemoteAddr(), "dst", dst, "err", err)
 			}
 		})
 	}
-}
-
-func (p *Proxy) origDst(c net.Conn) (netip.AddrPort, error) {
-	if p.cfg.OrigDst != nil {
-		return p.cfg.OrigDst(c)
-	}
-	return addrPort(c.LocalAddr())
 }
 
 func addrPort(a net.Addr) (netip.AddrPort, error) {
