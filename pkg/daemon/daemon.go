@@ -617,10 +617,21 @@ func (d *daemon) auditFailed(dec decide.Decision) {
 		Code          string    `json:"code"`
 		Justification string    `json:"justification"`
 	}{"decision", time.Now().UTC(), dec.Seq, dec.Verdict.String(), dec.Reason.Code, dec.Justification}
-	if b, err := json.Marshal(rec); err == nil {
-		if _, err := d.audit.Write(append(b, '\n')); err != nil {
-			d.log.Error("audit log", "err", err)
-		}
+	d.auditRecord(rec)
+}
+
+// auditRecord writes one record of carbd's own (not the engine's) to the
+// audit log as a JSON line; a failure is logged. No audit log: nothing.
+func (d *daemon) auditRecord(rec any) {
+	if d.audit == nil {
+		return
+	}
+	b, err := json.Marshal(rec)
+	if err == nil {
+		_, err = d.audit.Write(append(b, '\n'))
+	}
+	if err != nil {
+		d.log.Error("audit log", "err", err)
 	}
 }
 

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -770,11 +769,7 @@ func (fc *fileChannel) conflictLocked(cf staging.Conflict, digest [32]byte) {
 			Reason string    `json:"reason"`
 			Kept   string    `json:"kept,omitempty"`
 		}{"conflict", time.Now().UTC(), fc.st.RunID(), cf.Op.EventOp(), cf.Path, cf.Reason, cf.Kept}
-		if b, err := json.Marshal(rec); err == nil {
-			if _, err := fc.d.audit.Write(append(b, '\n')); err != nil {
-				fc.d.log.Error("audit log", "err", err)
-			}
-		}
+		fc.d.auditRecord(rec)
 	}
 }
 

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -131,11 +130,7 @@ func (ic *interceptor) caRefused(client, dst netip.AddrPort, h *intercept.Hello,
 		Alert       string    `json:"alert"`
 		OnRefusedCA string    `json:"on_refused_ca"`
 	}{"tls:ca-refused", time.Now().UTC(), h.SNI, client.String(), dst.String(), alert, onRefused.String()}
-	if b, err := json.Marshal(rec); err == nil {
-		if _, err := d.audit.Write(append(b, '\n')); err != nil {
-			d.log.Error("audit log", "err", err)
-		}
-	}
+	d.auditRecord(rec)
 }
 
 // refusesUDP reports whether a UDP effect is refused because it goes to

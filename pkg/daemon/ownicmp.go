@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"time"
@@ -104,11 +103,7 @@ func (nc *netChannel) ownICMP(m nfq.Meta, ev *decide.Event) (nfq.Outcome, bool) 
 			Event:   &decide.AuditEvent{Ch: ev.Ch, Dir: ev.Dir, Op: ev.Op, Obj: ev.Obj, Fields: ev.Fields, ContentBytes: len(ev.Content), Dest: ev.Dest},
 			Verdict: decide.Release, Layer: decide.LayerInternal, Reason: &decide.Reason{Code: CodeOwnICMP},
 			Justification: fmt.Sprintf("an ICMP error about carbd's own resolver datagram (from %s to %s), addressed to carbd itself: released without a question", resolver, m.Flow.Src)}
-		if b, err := json.Marshal(rec); err == nil {
-			if _, err := d.audit.Write(append(b, '\n')); err != nil {
-				d.log.Error("audit log", "err", err)
-			}
-		}
+		d.auditRecord(rec)
 	}
 	return nfq.Outcome{Verdict: nfq.Release, Reason: CodeOwnICMP}, true
 }
