@@ -757,10 +757,18 @@ func (ep *Episode) none() *outcome {
 // runSplits evaluates splits [0, n) in parallel, in a deterministic
 // result order.
 func runSplits(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budgets, ledgerAlpha float64, n int, stage string, ctr *replayCounters) ([]*splitResult, error) {
+	return forSplits(ctx, cfg, p.Name, stage, n, func(ctx context.Context, i int) (*splitResult, error) {
+		return evalSplit(ctx, p, cfg, budgets, ledgerAlpha, i, ctr)
+	})
+}
+
+// forSplits runs eval for i in [0, n) on cfg.Workers goroutines, the
+// results in order of i, reporting progress as (name, stage); the first
+// failure stops the others and is returned.
+func forSplits(ctx context.Context, cfg *Config, name, stage string, n int, eval func(ctx context.Context, i int) (*splitResult, error)) ([]*splitResult, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	out := make([]*splitResult, n)
-	errs := make([]error, n)
 	next := make(chan int)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -770,16 +778,16 @@ func runSplits(ctx context.Context, p *Pipeline, cfg *Config, budgets calib.Budg
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				out[i], errs[i] = evalSplit(ctx, p, cfg, budgets, ledgerAlpha, i, ctr)
-				if errs[i] != nil {
-					cancel(errs[i]) // the first failure stops the others
+				var err error
+				if out[i], err = eval(ctx, i); err != nil {
+					cancel(err)
 				}
 				mu.Lock()
 				done++
 				d := done
 				mu.Unlock()
 				if cfg.Progress != nil {
-					cfg.Progress(p.Name, stage, d, n)
+					cfg.Progress(name, stage, d, n)
 				}
 			}
 		}()

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -104,43 +103,16 @@ func evaluateLeftOut(ctx context.Context, pipelines []*Pipeline, k int, cfg *Con
 			r.Calibrated = append(r.Calibrated, q.Name)
 		}
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	ctr := &replayCounters{}
-	res := make([]*splitResult, n)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	done := 0
-	for range min(cfg.Workers, n) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				cal, test := lopoSets(pipelines, k, cfg.Seed, i)
-				var err error
-				if res[i], err = evalSets(ctx, p, cfg, cfg.Budgets, cfg.LedgerAlpha, cal, test, i, ctr, nil); err != nil {
-					cancel(fmt.Errorf("lopo: %w", err))
-				}
-				mu.Lock()
-				done++
-				d := done
-				mu.Unlock()
-				if cfg.Progress != nil {
-					cfg.Progress(p.Name, "leave-one-pipeline-out", d, n)
-				}
-			}
-		}()
-	}
-	for i := range n {
-		if ctx.Err() != nil {
-			break
+	res, err := forSplits(ctx, cfg, p.Name, "leave-one-pipeline-out", n, func(ctx context.Context, i int) (*splitResult, error) {
+		cal, test := lopoSets(pipelines, k, cfg.Seed, i)
+		r, err := evalSets(ctx, p, cfg, cfg.Budgets, cfg.LedgerAlpha, cal, test, i, ctr, nil)
+		if err != nil {
+			return nil, fmt.Errorf("lopo: %w", err)
 		}
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
+		return r, nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	r.CalEpisodes, r.CRCCalEpisodes, r.LedgerCalEpisodes = res[0].nCalEps, res[0].nCRC, res[0].nLedger
