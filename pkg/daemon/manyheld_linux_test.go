@@ -37,29 +37,13 @@ func TestQuestionsDoNotStallOtherDecisions(t *testing.T) {
 	}
 	op := decide.NewOperator(2 * time.Minute)
 	out := &syncBuffer{}
-	var d *daemon
-	started := make(chan struct{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	type result struct {
-		sum *Summary
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		sum, err := Run(ctx, Config{ID: testutil.UniqueName("mh"), StateDir: t.TempDir(), Policy: p, PolicyPath: "intercept.yaml",
-			Workdir: work, Task: "Fetch http://api.example.com/status", Argv: []string{"/bin/sh", "-c", manyHeldScript},
-			UID: sandboxUID, GID: sandboxUID, Oracle: op, Operator: op,
-			Hosts:  map[string][]netip.Addr{"api.example.com": {w.addr}},
-			Stdout: out, Stderr: out,
-			hooks: &testHooks{started: func(x *daemon) { d = x; close(started) }}})
-		done <- result{sum, err}
-	}()
-	select {
-	case <-started:
-	case r := <-done:
-		t.Fatalf("run ended: %v\n%s", r.err, out.String())
-	}
+	d, done := runInBackground(ctx, t, Config{ID: testutil.UniqueName("mh"), StateDir: t.TempDir(), Policy: p, PolicyPath: "intercept.yaml",
+		Workdir: work, Task: "Fetch http://api.example.com/status", Argv: []string{"/bin/sh", "-c", manyHeldScript},
+		UID: sandboxUID, GID: sandboxUID, Oracle: op, Operator: op,
+		Hosts:  map[string][]netip.Addr{"api.example.com": {w.addr}},
+		Stdout: out, Stderr: out}, out)
 	waitWithdraw(t, 60*time.Second, "six open questions", func() bool {
 		n := 0
 		for _, x := range op.Pending() {

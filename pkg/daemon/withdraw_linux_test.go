@@ -35,30 +35,14 @@ curl -sS -m 3 -o /dev/null "https://api.example.com/gone-9c1?k=$key"; echo "gone
 while [ ! -e /run/carbd/exit ]; do sleep 0.05; done
 `
 	out := &syncBuffer{}
-	var d *daemon
-	started := make(chan struct{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	type result struct {
-		sum *Summary
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		sum, err := Run(ctx, Config{ID: testutil.UniqueName("iw"), StateDir: t.TempDir(), Policy: p, PolicyPath: "intercept.yaml",
-			Workdir: work, Task: "Fetch https://api.example.com/status", Argv: []string{"/bin/sh", "-c", script},
-			UID: sandboxUID, GID: sandboxUID, Oracle: op, Operator: op,
-			Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}},
-			HoldTimeout: 3 * time.Second, Stdout: out, Stderr: out,
-			Intercept: InterceptConfig{CADir: t.TempDir(), UpstreamCAs: []string{tw.caFile}},
-			hooks:     &testHooks{started: func(x *daemon) { d = x; close(started) }}})
-		done <- result{sum, err}
-	}()
-	select {
-	case <-started:
-	case r := <-done:
-		t.Fatalf("run ended: %v\n%s", r.err, out.String())
-	}
+	d, done := runInBackground(ctx, t, Config{ID: testutil.UniqueName("iw"), StateDir: t.TempDir(), Policy: p, PolicyPath: "intercept.yaml",
+		Workdir: work, Task: "Fetch https://api.example.com/status", Argv: []string{"/bin/sh", "-c", script},
+		UID: sandboxUID, GID: sandboxUID, Oracle: op, Operator: op,
+		Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}},
+		HoldTimeout: 3 * time.Second, Stdout: out, Stderr: out,
+		Intercept: InterceptConfig{CADir: t.TempDir(), UpstreamCAs: []string{tw.caFile}}}, out)
 	var q decide.Pending
 	waitWithdraw(t, 30*time.Second, "the question", func() bool {
 		for _, x := range op.Pending() {
@@ -104,6 +88,33 @@ while [ ! -e /run/carbd/exit ]; do sleep 0.05; done
 			t.Errorf("the world received %q", req)
 		}
 	}
+}
+
+// runResult is what Run returned.
+type runResult struct {
+	sum *Summary
+	err error
+}
+
+// runInBackground runs cfg until ctx ends and returns its daemon once it
+// has started; Run's result arrives on the channel. A run that ends
+// before it started fails the test with its output.
+func runInBackground(ctx context.Context, t *testing.T, cfg Config, out *syncBuffer) (*daemon, <-chan runResult) {
+	t.Helper()
+	var d *daemon
+	started := make(chan struct{})
+	done := make(chan runResult, 1)
+	cfg.hooks = &testHooks{started: func(x *daemon) { d = x; close(started) }}
+	go func() {
+		sum, err := Run(ctx, cfg)
+		done <- runResult{sum, err}
+	}()
+	select {
+	case <-started:
+	case r := <-done:
+		t.Fatalf("run ended: %v\n%s", r.err, out.String())
+	}
+	return d, done
 }
 
 func waitWithdraw(t *testing.T, limit time.Duration, what string, cond func() bool, out *syncBuffer) {
