@@ -15,8 +15,7 @@ import (
 // its end on a decision that took it to carry what the agent had read then;
 // once the agent has read more, that decision no longer covers it.
 type openFlows struct {
-	loop    atomic.Pointer[nfq.Loop]
-	revoked atomic.Int64 // flows made to be decided again
+	loop atomic.Pointer[nfq.Loop]
 }
 
 // observe gives the engine a read and, when it raised the level of what
@@ -33,7 +32,6 @@ func (d *daemon) observe(ev decide.Event) {
 	}
 	if l := d.open.loop.Load(); l != nil {
 		if n := l.RevokeOpen(); n > 0 {
-			d.open.revoked.Add(int64(n))
 			d.log.Info("released opaque flows decided again: the agent read more sensitive data", "flows", n, "source", ev.Origin())
 		}
 	}
