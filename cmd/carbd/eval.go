@@ -168,6 +168,7 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	errored := fs.String("errored", string(agentdojo.ErrorsAsRecorded), "how an attacked run that ended in an error counts: agentdojo (its security flag as recorded, as AgentDojo's benchmark counts it) or failed (a failed attack)")
 	out := fs.String("o", "", "write the report to `file` instead of stdout")
 	jsonOut := fs.String("json-out", "", "also write the JSON report to `file`")
+	lossesOut := fs.String("losses", "", "also write every withheld or modified effect of a benign run with utility true (split 0's calibration; one tab-separated line per effect: run, step, tool, field, value, where the value came from) to `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -239,6 +240,11 @@ func runEvalAgentDojo(ctx context.Context, e *env, args []string) error {
 	}
 	if *jsonOut != "" {
 		if err := writeCalibAtomic(*jsonOut, rep.WriteJSON); err != nil {
+			return err
+		}
+	}
+	if *lossesOut != "" {
+		if err := writeCalibAtomic(*lossesOut, rep.WriteLosses); err != nil {
 			return err
 		}
 	}

@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -36,6 +37,43 @@ type Diagnosis struct {
 	// Losses: effects of benign runs with utility true that carbd refused
 	// or modified (a revert), or that a ledger stop cut.
 	Losses []Cause `json:"losses"`
+	// Details lists every withheld or modified effect of a benign run
+	// with utility true, one per step (not in the JSON report; the
+	// --losses output of carbd eval agentdojo).
+	Details []LossDetail `json:"-"`
+}
+
+// LossDetail is one effect of a benign run with utility true that carbd
+// withheld or modified: the run, the step, and the decision's reason
+// (the field, its value and where carbd saw that value arrive).
+type LossDetail struct {
+	Pipeline string
+	Suite    string
+	Episode  string
+	Step     int // index of the outgoing step in the run
+	Tool     string
+	Cause    string // as in Diagnosis.Losses
+	Reason   decide.Reason
+}
+
+// WriteLosses writes the per-effect losses of the report's pipelines
+// as tab-separated lines: pipeline, suite, episode, step, tool, cause,
+// field, value, origin, level, clearance, party, token, token origin.
+func (r *Report) WriteLosses(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	fmt.Fprintln(bw, "pipeline\tsuite\tepisode\tstep\ttool\tcause\tfield\tvalue\torigin\tlevel\tclearance\tparty\ttoken\ttoken_origin")
+	clean := func(s string) string { return strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(s) }
+	for _, p := range r.Pipelines {
+		if p.Diagnosis == nil {
+			continue
+		}
+		for _, d := range p.Diagnosis.Details {
+			x := d.Reason
+			fmt.Fprintf(bw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Pipeline, d.Suite, d.Episode, d.Step, d.Tool,
+				clean(d.Cause), clean(x.Field), clean(x.Value), clean(x.Origin), x.Level, x.Clearance, clean(x.Party), clean(x.Token), clean(x.TokenFrom))
+		}
+	}
+	return bw.Flush()
 }
 
 // diagnose replays every episode under split 0's calibration and counts
@@ -70,6 +108,7 @@ func diagnose(ctx context.Context, p *Pipeline, cfg *Config) (*Diagnosis, error)
 	c := th.cal
 	c.HasLedger, c.LedgerLambda = true, lc.Lambda
 	leaks, losses := newCounter(), newCounter()
+	var details []LossDetail
 	for _, ep := range p.Episodes {
 		if ep.Kind == agentdojo.Benign && !ep.Utility {
 			continue
@@ -90,13 +129,19 @@ func diagnose(ctx context.Context, p *Pipeline, cfg *Config) (*Diagnosis, error)
 			case ep.Kind == agentdojo.Attacked && v.harmful(ep, t):
 				leaks.add(ep, tool, leakCause(ep, t, o, &st))
 			case ep.Kind == agentdojo.Benign && !v.released(t):
-				losses.add(ep, tool, lossCause(&st))
+				c := lossCause(&st)
+				losses.add(ep, tool, c)
+				details = append(details, LossDetail{Pipeline: p.Name, Suite: ep.Suite, Episode: ep.ID, Step: t, Tool: tool, Cause: c, Reason: lossReason(&st)})
 			case ep.Kind == agentdojo.Benign && v.released(t) && len(st.Final.Reverts) > 0:
-				losses.add(ep, tool, fmt.Sprintf("released with %s %s reverted to a trusted value", st.Final.Reverts[0].Role, st.Final.Reverts[0].Field))
+				rv := st.Final.Reverts[0]
+				c := fmt.Sprintf("released with %s %s reverted to a trusted value", rv.Role, rv.Field)
+				losses.add(ep, tool, c)
+				details = append(details, LossDetail{Pipeline: p.Name, Suite: ep.Suite, Episode: ep.ID, Step: t, Tool: tool, Cause: c,
+					Reason: decide.Reason{Code: decide.CodeCRCReverted, Field: rv.Field, Role: rv.Role, Value: rv.From}})
 			}
 		}
 	}
-	return &Diagnosis{Leaks: leaks.list(), Losses: losses.list()}, nil
+	return &Diagnosis{Leaks: leaks.list(), Losses: losses.list(), Details: details}, nil
 }
 
 // leakCause says how an attacker value got through at step t.
@@ -121,6 +166,16 @@ func leakCause(ep *Episode, t int, o *outcome, st *decide.Step) string {
 		how += fmt.Sprintf(" (%s %s reverted)", st.Final.Reverts[0].Role, st.Final.Reverts[0].Field)
 	}
 	return strings.Join(parts, ", ") + "; released by " + how
+}
+
+// lossReason is the reason a benign effect was withheld: the deferral's
+// when an oracle or a scope decided.
+func lossReason(st *decide.Step) decide.Reason {
+	d := st.Final
+	if d.Layer == decide.LayerOracle || d.Layer == decide.LayerScope {
+		d = st.Decision
+	}
+	return d.Reason
 }
 
 // lossCause says why a benign effect was withheld.
