@@ -28,12 +28,18 @@
 #include <bpf/bpf_core_read.h>
 
 #include "ftrace_events.h"
+#include "carbd/read_gen.h"
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 /* Set before load: carbd's own tgid, never traced (its content reads
  * would feed back into the stream). */
 volatile const __u32 ft_self_tgid = 0;
+
+/* The device (kernel encoding) of the traced tree M: only reads of
+ * regular files on it bump read_gen (userspace maps no other read to a
+ * read event). Set before load; 0: reads of any regular file bump it. */
+volatile const __u32 ft_gen_dev = 0;
 
 /* Wake-ups of the reader (userspace's ring buffer epoll) are batched: a
  * record is submitted with BPF_RB_FORCE_WAKEUP when the last forced
@@ -315,6 +321,30 @@ static __always_inline void count(__u32 idx)
 		*c += 1;
 }
 
+/* bump_read_gen: the agent may have read something new (read_gen.h). It
+ * comes after the record is submitted (or the loss counted): a reader
+ * that sees the new generation and then syncs finds the record before its
+ * marker. The add is atomic, a full barrier on x86-64. */
+static __always_inline void bump_read_gen(void)
+{
+	__u32 zero = 0;
+	__u64 *g = bpf_map_lookup_elem(&read_gen, &zero);
+	if (g)
+		__sync_fetch_and_add(g, 1);
+}
+
+/* count_loss counts a loss; a loss may hide a read, so it bumps too. */
+static __always_inline void count_loss(__u32 idx)
+{
+	count(idx);
+	bump_read_gen();
+}
+
+static __always_inline int reads_op(__u8 op)
+{
+	return op == FT_OP_READ || op == FT_OP_MMAP || op == FT_OP_COPY;
+}
+
 /* traced returns the target of the current process, or NULL. */
 static __always_inline struct ft_target *traced(__u32 tgid)
 {
@@ -415,7 +445,7 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 		status = BPF_CORE_READ((struct task_struct *)bpf_get_current_task(), thread_info.status);
 	if ((status & TS_COMPAT_) || (nr & X32_SYSCALL_BIT_)) {
 		if (traced(bpf_get_current_pid_tgid() >> 32))
-			count(FT_C_COMPAT);
+			count_loss(FT_C_COMPAT);
 		return 0;
 	}
 	if (describe(nr, &sc) == FT_OP_NONE)
@@ -451,8 +481,14 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 	}
 	}
 	__u32 tid = (__u32)pid_tgid;
-	if (bpf_map_update_elem(&ft_inflight, &tid, &in, BPF_ANY))
-		count(FT_C_INFLIGHT);
+	if (bpf_map_update_elem(&ft_inflight, &tid, &in, BPF_ANY)) {
+		/* Counted before the syscall runs: a read it makes is in
+		 * the loss a sync reports. */
+		if (reads_op(sc.op))
+			count_loss(FT_C_INFLIGHT);
+		else
+			count(FT_C_INFLIGHT);
+	}
 	return 0;
 }
 
@@ -563,11 +599,19 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 		if (!reg)
 			goto out;
 	}
+	/* A read of a regular file of M (a read or a copy that returned
+	 * bytes, from fi[0]; any mmap, whose pages may be made readable
+	 * later without a syscall traced here). */
+	int gen = reads_op(sc.op) && (fl & FT_F_FI0) && is_reg(fi[0].mode) &&
+		  (!ft_gen_dev || fi[0].dev == ft_gen_dev) &&
+		  (sc.op == FT_OP_MMAP || ret > 0);
 
 	if (sc.path0 == ARG_NONE && sc.path1 == ARG_NONE) {
 		struct ft_event *e = bpf_ringbuf_reserve(&ft_events, sizeof(*e), 0);
 		if (!e) {
 			count(FT_C_RINGBUF);
+			if (gen)
+				bump_read_gen();
 			goto out;
 		}
 		fill_header(e, in, &sc, pid_tgid, ret);
@@ -576,6 +620,8 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 		e->flags |= fl;
 		read_aux(e, &sc, in);
 		bpf_ringbuf_submit(e, wakeup());
+		if (gen)
+			bump_read_gen();
 		goto out;
 	}
 
@@ -660,7 +706,7 @@ static __always_inline int on_fork(struct task_struct *parent, struct task_struc
 	struct ft_target *byPid = bpf_map_lookup_elem(&ft_pids, &ptgid);
 	if (byPid && (byPid->flags & FT_T_FOLLOW)) {
 		if (bpf_map_update_elem(&ft_pids, &ctgid, &copy, BPF_ANY))
-			count(FT_C_FORK);
+			count_loss(FT_C_FORK);
 	}
 	emit_simple(FT_K_FORK, ptgid, BPF_CORE_READ(parent, pid), copy.id, ctgid);
 	return 0;

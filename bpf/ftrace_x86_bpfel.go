@@ -44,6 +44,7 @@ const (
 	ftraceMapFtEvents       = "ft_events"
 	ftraceMapFtInflight     = "ft_inflight"
 	ftraceMapFtPids         = "ft_pids"
+	ftraceMapReadGen        = "read_gen"
 	ftraceProgFtEnterBtf    = "ft_enter_btf"
 	ftraceProgFtEnterRaw    = "ft_enter_raw"
 	ftraceProgFtExitBtf     = "ft_exit_btf"
@@ -54,6 +55,7 @@ const (
 	ftraceProgFtPexitBtf    = "ft_pexit_btf"
 	ftraceProgFtPexitRaw    = "ft_pexit_raw"
 	ftraceVarFtCgroupLevels = "ft_cgroup_levels"
+	ftraceVarFtGenDev       = "ft_gen_dev"
 	ftraceVarFtLastWakeup   = "ft_last_wakeup"
 	ftraceVarFtSelfTgid     = "ft_self_tgid"
 	ftraceVarFtWakeupBytes  = "ft_wakeup_bytes"
@@ -123,6 +125,7 @@ type ftraceMapSpecs struct {
 	FtEvents   *ebpf.MapSpec `ebpf:"ft_events"`
 	FtInflight *ebpf.MapSpec `ebpf:"ft_inflight"`
 	FtPids     *ebpf.MapSpec `ebpf:"ft_pids"`
+	ReadGen    *ebpf.MapSpec `ebpf:"read_gen"`
 }
 
 // ftraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -130,6 +133,7 @@ type ftraceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ftraceVariableSpecs struct {
 	FtCgroupLevels *ebpf.VariableSpec `ebpf:"ft_cgroup_levels"`
+	FtGenDev       *ebpf.VariableSpec `ebpf:"ft_gen_dev"`
 	FtLastWakeup   *ebpf.VariableSpec `ebpf:"ft_last_wakeup"`
 	FtSelfTgid     *ebpf.VariableSpec `ebpf:"ft_self_tgid"`
 	FtWakeupBytes  *ebpf.VariableSpec `ebpf:"ft_wakeup_bytes"`
@@ -162,6 +166,7 @@ type ftraceMaps struct {
 	FtEvents   *ebpf.Map `ebpf:"ft_events"`
 	FtInflight *ebpf.Map `ebpf:"ft_inflight"`
 	FtPids     *ebpf.Map `ebpf:"ft_pids"`
+	ReadGen    *ebpf.Map `ebpf:"read_gen"`
 }
 
 func (m *ftraceMaps) Close() error {
@@ -171,6 +176,7 @@ func (m *ftraceMaps) Close() error {
 		m.FtEvents,
 		m.FtInflight,
 		m.FtPids,
+		m.ReadGen,
 	)
 }
 
@@ -179,6 +185,7 @@ func (m *ftraceMaps) Close() error {
 // It can be passed to loadFtraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ftraceVariables struct {
 	FtCgroupLevels *ebpf.Variable `ebpf:"ft_cgroup_levels"`
+	FtGenDev       *ebpf.Variable `ebpf:"ft_gen_dev"`
 	FtLastWakeup   *ebpf.Variable `ebpf:"ft_last_wakeup"`
 	FtSelfTgid     *ebpf.Variable `ebpf:"ft_self_tgid"`
 	FtWakeupBytes  *ebpf.Variable `ebpf:"ft_wakeup_bytes"`

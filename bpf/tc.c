@@ -21,6 +21,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "carbd/tc.h"
+#include "carbd/read_gen.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -201,6 +202,21 @@ static __always_inline int lease_alive(__u64 now)
 	struct config *c = bpf_map_lookup_elem(&config, &zero);
 
 	return c && now <= c->alive_until_ns;
+}
+
+/*
+ * read_since: the flow was released to its end at generation v->gen, and
+ * the agent has read since (read_gen moved on), or the generation cannot
+ * be read: its data goes to the queue, which brings the file tracer up to
+ * date and re-releases or decides the flow again. Any other value than
+ * the stamped one counts, so a map that was replaced or reset fails closed.
+ */
+static __always_inline int read_since(const struct verdict *v)
+{
+	__u32 zero = 0;
+	__u64 *g = bpf_map_lookup_elem(&read_gen, &zero);
+
+	return !g || *(volatile __u64 *)g != v->gen;
 }
 
 static __always_inline void account_flow(struct flow_key *k, __u32 len, __u64 now)
@@ -452,6 +468,15 @@ int carbd_ingress(struct __sk_buff *skb)
 		return queue(skb, CARBD_QUEUE_DNS);
 	if (!v || v->action != CARBD_RELEASED)
 		return queue(skb, CARBD_QUEUE_UNDECIDED);
+
+	/* A flow released to its end whose content carbd does not see (TLS
+	 * not intercepted, QUIC, a stream it cannot parse) is taken to carry
+	 * everything the agent had read when it was decided. A packet with
+	 * data after the agent read again goes to the queue. Pure ACK, FIN,
+	 * RST carry no client bytes and pass. */
+	if ((v->flags & CARBD_VF_READ_GEN) && (p.key.proto != P_IPPROTO_TCP || p.payload) &&
+	    read_since(v))
+		return queue(skb, CARBD_QUEUE_READ);
 
 	if (p.key.proto == P_IPPROTO_TCP && (v->flags & CARBD_VF_TCP_RANGE)) {
 		/* A SYN starts a new connection on this 5-tuple (port reuse): its

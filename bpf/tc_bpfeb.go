@@ -51,6 +51,7 @@ type tcVerdict struct {
 	Flags  uint8
 	Pad    uint16
 	SeqEnd uint32
+	Gen    uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -60,6 +61,7 @@ const (
 	tcMapConfig        = "config"
 	tcMapCounters      = "counters"
 	tcMapFlows         = "flows"
+	tcMapReadGen       = "read_gen"
 	tcMapVerdicts      = "verdicts"
 	tcProgCarbdIngress = "carbd_ingress"
 )
@@ -116,6 +118,7 @@ type tcMapSpecs struct {
 	Config   *ebpf.MapSpec `ebpf:"config"`
 	Counters *ebpf.MapSpec `ebpf:"counters"`
 	Flows    *ebpf.MapSpec `ebpf:"flows"`
+	ReadGen  *ebpf.MapSpec `ebpf:"read_gen"`
 	Verdicts *ebpf.MapSpec `ebpf:"verdicts"`
 }
 
@@ -148,6 +151,7 @@ type tcMaps struct {
 	Config   *ebpf.Map `ebpf:"config"`
 	Counters *ebpf.Map `ebpf:"counters"`
 	Flows    *ebpf.Map `ebpf:"flows"`
+	ReadGen  *ebpf.Map `ebpf:"read_gen"`
 	Verdicts *ebpf.Map `ebpf:"verdicts"`
 }
 
@@ -156,6 +160,7 @@ func (m *tcMaps) Close() error {
 		m.Config,
 		m.Counters,
 		m.Flows,
+		m.ReadGen,
 		m.Verdicts,
 	)
 }

@@ -46,6 +46,7 @@ struct flow_stats {
 
 /* verdict.flags */
 #define CARBD_VF_TCP_RANGE 1 /* TCP: only client bytes before seq_end pass */
+#define CARBD_VF_READ_GEN  2 /* released at read generation gen: see read_gen.h */
 
 /* Per-flow verdict, written by userspace only. */
 struct verdict {
@@ -53,6 +54,7 @@ struct verdict {
 	__u8 flags;
 	__u16 pad;
 	__u32 seq_end; /* TCP sequence number (host order) ending the released bytes */
+	__u64 gen;     /* CARBD_VF_READ_GEN: read_gen when the release was decided */
 };
 
 /* The single entry of the config map. */
@@ -77,6 +79,7 @@ enum counter_reason {
 	CARBD_QUEUE_FRAGMENT,      /* IP fragment: netfilter reassembles, then queues */
 	CARBD_QUEUE_IP_OPTIONS,    /* IPv4 options or IPv6 routing header */
 	CARBD_QUEUE_OPAQUE,        /* an IP protocol the fast path does not know */
+	CARBD_QUEUE_READ,          /* released at an older read generation: the agent read since */
 	CARBD_DROP_REFUSED,        /* the flow is refused */
 	CARBD_DROP_NO_DAEMON,      /* the liveness lease expired */
 	CARBD_DROP_MALFORMED,      /* truncated or inconsistent headers */

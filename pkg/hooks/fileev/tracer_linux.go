@@ -72,6 +72,12 @@ type Config struct {
 	// records wait, so that a burst does not fill the ring. 0 means
 	// RingBytes/8.
 	WakeupBytes int
+	// ReadGen is the sandbox's read generation, shared with its TC
+	// program (pkg/hooks/tcx NewReadGen, Config.ReadGen): the kernel side
+	// adds one to it after every record of a read, copy or mmap of a
+	// regular file on M's filesystem, and after every loss
+	// (bpf/include/carbd/read_gen.h). Nil: the tracer has a map of its own.
+	ReadGen *ebpf.Map
 }
 
 // Target selects processes to trace: a process by pid (and, unless
@@ -357,7 +363,14 @@ func (t *Tracer) attach(mech string) error {
 	if err := spec.Variables["ft_wakeup_bytes"].Set(uint64(t.cfg.WakeupBytes)); err != nil {
 		return fmt.Errorf("set ft_wakeup_bytes: %w", err)
 	}
-	coll, err := ebpf.NewCollection(spec)
+	if err := spec.Variables["ft_gen_dev"].Set(t.rootDev); err != nil {
+		return fmt.Errorf("set ft_gen_dev: %w", err)
+	}
+	var opts ebpf.CollectionOptions
+	if t.cfg.ReadGen != nil {
+		opts.MapReplacements = map[string]*ebpf.Map{"read_gen": t.cfg.ReadGen}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
@@ -392,6 +405,22 @@ func (t *Tracer) detach() {
 		t.coll.Close()
 		t.coll = nil
 	}
+}
+
+// Generation reads the read generation (Config.ReadGen): it moves after
+// the record of every read of M is in the ring buffer, so a Sync after
+// reading it returns once those reads are handled.
+func (t *Tracer) Generation() (uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.coll == nil {
+		return 0, ErrClosed
+	}
+	var g uint64
+	if err := t.coll.Maps["read_gen"].Lookup(uint32(0), &g); err != nil {
+		return 0, fmt.Errorf("fileev: read the read generation: %w", err)
+	}
+	return g, nil
 }
 
 // Mechanism says how the tracer is attached (MechTPBTF or MechRawTP) and,

@@ -22,7 +22,8 @@ const DefaultPinDir = "/sys/fs/bpf/carbd"
 const DefaultMaxFlows = 16384
 
 // Names of the pinned objects inside a sandbox's directory. The maps are
-// pinned under their own names: flows, verdicts, config, counters.
+// pinned under their own names: flows, verdicts, config, counters,
+// read_gen.
 const (
 	pinProg = "prog"
 	pinLink = "link"
@@ -30,7 +31,10 @@ const (
 
 const progName = "carbd_ingress"
 
-var mapNames = []string{"flows", "verdicts", "config", "counters"}
+var mapNames = []string{"flows", "verdicts", "config", "counters", readGenName}
+
+// readGenName is the map of the read generation (bpf/include/carbd/read_gen.h).
+const readGenName = "read_gen"
 
 // Config says where to attach the datapath of one sandbox.
 type Config struct {
@@ -53,6 +57,12 @@ type Config struct {
 	// MaxFlows sizes the flow and verdict tables (LRU). Zero:
 	// DefaultMaxFlows.
 	MaxFlows uint32
+	// ReadGen is the sandbox's read generation (NewReadGen), the map the
+	// file tracer bumps (pkg/hooks/fileev Config.ReadGen). Nil: the
+	// program gets a map of its own, which nothing bumps (a flow released
+	// with ReleaseFlowAt then passes until the generation is set by
+	// hand). It is pinned with the other maps.
+	ReadGen *ebpf.Map
 }
 
 func (c Config) ifaceName() string {
@@ -108,11 +118,12 @@ type Datapath struct {
 
 // objects are the program's maps.
 type objects struct {
-	flows, verdicts, config, counters *ebpf.Map
+	flows, verdicts, config, counters, readGen *ebpf.Map
 }
 
 func (o *objects) byName() map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{"flows": o.flows, "verdicts": o.verdicts, "config": o.config, "counters": o.counters}
+	return map[string]*ebpf.Map{"flows": o.flows, "verdicts": o.verdicts, "config": o.config, "counters": o.counters,
+		readGenName: o.readGen}
 }
 
 func (o *objects) close() {
@@ -139,7 +150,7 @@ func loadSpec(maxFlows uint32) (*ebpf.CollectionSpec, error) {
 
 // load creates the program and its maps. With pinDir set, the maps are
 // pinned there by name, and maps already pinned there are reused. With
-// replace set, those maps are used instead.
+// replace set, those maps are used instead (its nil ones are created).
 func load(maxFlows uint32, pinDir string, replace *objects) (*ebpf.Program, objects, error) {
 	spec, err := loadSpec(maxFlows)
 	if err != nil {
@@ -153,7 +164,12 @@ func load(maxFlows uint32, pinDir string, replace *objects) (*ebpf.Program, obje
 		opts.Maps.PinPath = pinDir
 	}
 	if replace != nil {
-		opts.MapReplacements = replace.byName()
+		opts.MapReplacements = map[string]*ebpf.Map{}
+		for n, m := range replace.byName() {
+			if m != nil {
+				opts.MapReplacements[n] = m
+			}
+		}
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
 	if err != nil {
@@ -170,8 +186,9 @@ func load(maxFlows uint32, pinDir string, replace *objects) (*ebpf.Program, obje
 		verdicts: coll.DetachMap("verdicts"),
 		config:   coll.DetachMap("config"),
 		counters: coll.DetachMap("counters"),
+		readGen:  coll.DetachMap(readGenName),
 	}
-	if prog == nil || o.flows == nil || o.verdicts == nil || o.config == nil || o.counters == nil {
+	if prog == nil || o.flows == nil || o.verdicts == nil || o.config == nil || o.counters == nil || o.readGen == nil {
 		prog.Close()
 		o.close()
 		return nil, objects{}, errors.New("tcx: program spec lacks the program or one of its maps")
@@ -215,9 +232,20 @@ func Attach(cfg Config) (_ *Datapath, err error) {
 		}
 	}()
 
-	d.prog, d.objs, err = load(cfg.MaxFlows, dir, nil)
+	var replace *objects
+	if cfg.ReadGen != nil {
+		replace = &objects{readGen: cfg.ReadGen}
+	}
+	d.prog, d.objs, err = load(cfg.MaxFlows, dir, replace)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.ReadGen != nil {
+		// A replacement is not pinned by the load: pin it with the
+		// others, for an adopter and ReplaceProgram.
+		if err := d.objs.readGen.Pin(filepath.Join(dir, readGenName)); err != nil {
+			return nil, fmt.Errorf("tcx: pin %s: %w", readGenName, err)
+		}
 	}
 
 	// Pin the program and write the config (lease 0: drop) before
@@ -310,6 +338,8 @@ func Adopt(cfg Config) (_ *Datapath, err error) {
 			d.objs.config = m
 		case "counters":
 			d.objs.counters = m
+		case readGenName:
+			d.objs.readGen = m
 		}
 	}
 	if err := checkMaps(&d.objs); err != nil {
@@ -536,6 +566,50 @@ func (d *Datapath) Release(k FlowKey, tcpSeqEnd uint32) error {
 // releases (an internal channel such as the model provider).
 func (d *Datapath) ReleaseFlow(k FlowKey) error {
 	return d.SetVerdict(k, Verdict{Action: Released})
+}
+
+// ReleaseFlowAt is ReleaseFlow for a flow whose content carbd does not
+// see, decided when the read generation was gen (Generation, read before
+// the decision brought the file tracer up to date): its packets with data
+// pass only until the agent reads again, then they are queued
+// (QueueRead) for the flow to be released again at the new generation or
+// decided again.
+func (d *Datapath) ReleaseFlowAt(k FlowKey, gen uint64) error {
+	return d.SetVerdict(k, Verdict{Action: Released, ReadGen: true, Gen: gen})
+}
+
+// Generation reads the sandbox's read generation (Config.ReadGen).
+func (d *Datapath) Generation() (uint64, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return 0, ErrClosed
+	}
+	return readGeneration(d.objs.readGen)
+}
+
+func readGeneration(m *ebpf.Map) (uint64, error) {
+	var g uint64
+	if err := m.Lookup(uint32(0), &g); err != nil {
+		return 0, fmt.Errorf("tcx: read the read generation: %w", err)
+	}
+	return g, nil
+}
+
+// NewReadGen creates a read generation map for one sandbox, to hand to
+// both Config.ReadGen and the file tracer (pkg/hooks/fileev
+// Config.ReadGen). The caller closes it once both are loaded (they hold
+// their own references).
+func NewReadGen() (*ebpf.Map, error) {
+	spec, err := loadSpec(0)
+	if err != nil {
+		return nil, err
+	}
+	m, err := ebpf.NewMap(spec.Maps[readGenName].Copy())
+	if err != nil {
+		return nil, fmt.Errorf("tcx: create %s: %w", readGenName, err)
+	}
+	return m, nil
 }
 
 // Refuse drops the flow's packets in the program.

@@ -44,6 +44,7 @@ type envOpt struct {
 	mode      Mode
 	rules     bool // install carbd's netfilter rules in the router
 	untracked bool // with the guest's networks untracked (nfrules.Config.Untracked)
+	readGen   *ebpf.Map
 }
 
 func newEnv(t *testing.T, o envOpt) *env {
@@ -56,6 +57,7 @@ func newEnv(t *testing.T, o envOpt) *env {
 		NetNS:     tcxtest.Path(topo.Router),
 		PinDir:    testPinDir,
 		Mode:      o.mode,
+		ReadGen:   o.readGen,
 	}
 	d, err := Attach(e.cfg)
 	if err != nil {

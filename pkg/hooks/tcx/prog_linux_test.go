@@ -59,6 +59,13 @@ func (h *harness) setLease(tb testing.TB, alive bool) {
 	}
 }
 
+func (h *harness) setGen(tb testing.TB, gen uint64) {
+	tb.Helper()
+	if err := h.d.objs.readGen.Update(uint32(0), gen, ebpf.UpdateAny); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // run feeds one frame to the program and returns its verdict, the mark it
 // left and the single counter it moved.
 func (h *harness) run(tb testing.TB, frame []byte, in skbCtx) (ret uint32, mark uint32, reason Reason) {
@@ -106,6 +113,7 @@ type programCase struct {
 	dead   bool // lease expired
 	frame  []byte
 	gso    uint32
+	gen    uint64 // the read generation (read_gen)
 	want   Reason
 	forgot *FlowKey // a verdict the program must have deleted
 }
@@ -124,6 +132,7 @@ func programCases() []programCase {
 	released := func(seqEnd uint32) Verdict { return Verdict{Action: Released, TCPRange: true, SeqEnd: seqEnd} }
 	whole := Verdict{Action: Released}
 	refused := Verdict{Action: Refused}
+	at := func(gen uint64) Verdict { return Verdict{Action: Released, ReadGen: true, Gen: gen} }
 
 	return []programCase{
 		// Link-local traffic passes, even without a daemon.
@@ -250,6 +259,22 @@ func programCases() []programCase {
 			return f
 		}(), want: PassFast},
 		{name: "ipv4/zero-length-without-gso", frame: ether(ethIPv4, ipv4(6, g4, w4, tcp(1, 2, 3, tcpSYN, nil), withTotLen(0))), want: DropMalformed},
+
+		// A flow released to its end at a read generation: its data
+		// passes while the generation is the one stamped, and is queued
+		// once the agent read again (or the generation is anything else:
+		// a map replaced or reset). Packets without client bytes pass.
+		{name: "read-gen/tcp/same", v: verdicts{tcp4: at(5)}, gen: 5, frame: ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, isn+1, tcpACK, bytesN(100)))), want: PassFast},
+		{name: "read-gen/tcp/read-since", v: verdicts{tcp4: at(5)}, gen: 6, frame: ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, isn+1, tcpACK, bytesN(100)))), want: QueueRead},
+		{name: "read-gen/tcp/older", v: verdicts{tcp4: at(5)}, gen: 4, frame: ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, isn+1, tcpACK, bytesN(100)))), want: QueueRead},
+		{name: "read-gen/tcp/pure-ack", v: verdicts{tcp4: at(5)}, gen: 6, frame: ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, isn+1, tcpACK, nil))), want: PassFast},
+		{name: "read-gen/tcp/fin", v: verdicts{tcp4: at(5)}, gen: 6, frame: ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, isn+1, tcpACK|tcpFIN, nil))), want: PassFast},
+		{name: "read-gen/ipv6/read-since", v: verdicts{tcp6: at(0)}, gen: 1, frame: ether(ethIPv6, ipv6(6, g6, w6, 64, tcp(40000, 443, isn+1, tcpACK, bytesN(10)))), want: QueueRead},
+		{name: "read-gen/udp/same", v: verdicts{udp4: at(9)}, gen: 9, frame: ether(ethIPv4, ipv4(17, g4, w4, udp(5000, 9999, bytesN(30)))), want: PassFast},
+		{name: "read-gen/udp/read-since", v: verdicts{udp4: at(9)}, gen: 10, frame: ether(ethIPv4, ipv4(17, g4, w4, udp(5000, 9999, bytesN(30)))), want: QueueRead},
+		{name: "read-gen/udp/empty-datagram", v: verdicts{udp4: at(9)}, gen: 10, frame: ether(ethIPv4, ipv4(17, g4, w4, udp(5000, 9999, nil))), want: QueueRead},
+		{name: "read-gen/whole-without-stamp", v: verdicts{tcp4: whole}, gen: 7, frame: ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, isn+1, tcpACK, bytesN(100)))), want: PassFast},
+		{name: "read-gen/refused", v: verdicts{tcp4: refused}, gen: 7, frame: ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, isn+1, tcpACK, bytesN(100)))), want: DropRefused},
 	}
 
 }
@@ -273,6 +298,7 @@ func TestProgram(t *testing.T) {
 			})
 			h.setLease(t, !tc.dead)
 			t.Cleanup(func() { h.setLease(t, true) })
+			h.setGen(t, tc.gen)
 
 			const otherBits = 0x0000abcd
 			ret, mark, reason := h.run(t, tc.frame, skbCtx{Mark: otherBits, GsoSize: tc.gso, GsoSegs: min(tc.gso, 1)})

@@ -156,7 +156,10 @@ func (a Action) String() string {
 	return fmt.Sprintf("action(%d)", uint8(a))
 }
 
-const vfTCPRange = 1 // CARBD_VF_TCP_RANGE
+const (
+	vfTCPRange = 1 // CARBD_VF_TCP_RANGE
+	vfReadGen  = 2 // CARBD_VF_READ_GEN
+)
 
 // Verdict is a flow's entry in the verdict map.
 type Verdict struct {
@@ -166,6 +169,12 @@ type Verdict struct {
 	// protocols.
 	TCPRange bool
 	SeqEnd   uint32
+	// ReadGen: a release to the end of the flow decided when the read
+	// generation was Gen (ReleaseFlowAt). A packet with data passes only
+	// while the generation is still Gen; after the agent read again it
+	// is queued.
+	ReadGen bool
+	Gen     uint64
 }
 
 // rawVerdict is struct verdict.
@@ -174,18 +183,27 @@ type rawVerdict struct {
 	Flags  uint8
 	Pad    uint16
 	SeqEnd uint32
+	Gen    uint64
 }
 
 func (v Verdict) raw() rawVerdict {
 	r := rawVerdict{Action: uint8(v.Action), SeqEnd: v.SeqEnd}
 	if v.TCPRange {
-		r.Flags = vfTCPRange
+		r.Flags |= vfTCPRange
+	}
+	if v.ReadGen {
+		r.Flags |= vfReadGen
+		r.Gen = v.Gen
 	}
 	return r
 }
 
 func (r rawVerdict) verdict() Verdict {
-	return Verdict{Action: Action(r.Action), TCPRange: r.Flags&vfTCPRange != 0, SeqEnd: r.SeqEnd}
+	v := Verdict{Action: Action(r.Action), TCPRange: r.Flags&vfTCPRange != 0, SeqEnd: r.SeqEnd}
+	if r.Flags&vfReadGen != 0 {
+		v.ReadGen, v.Gen = true, r.Gen
+	}
+	return v
 }
 
 // rawFlowStats is struct flow_stats.
@@ -234,6 +252,7 @@ const (
 	QueueFragment                  // an IP fragment
 	QueueIPOptions                 // IPv4 options or an IPv6 routing header
 	QueueOpaque                    // an IP protocol the fast path does not parse
+	QueueRead                      // released to its end, and the agent read since (ReleaseFlowAt)
 	DropRefused                    // the flow is refused
 	DropNoDaemon                   // the liveness lease expired
 	DropMalformed                  // truncated or inconsistent headers
@@ -246,7 +265,7 @@ var reasonNames = [NumReasons]string{
 	PassFast: "pass-fast", PassLinkLocal: "pass-link-local",
 	QueueUndecided: "queue-undecided", QueueBeyondRange: "queue-beyond-range",
 	QueueDNS: "queue-dns", QueueFragment: "queue-fragment",
-	QueueIPOptions: "queue-ip-options", QueueOpaque: "queue-opaque",
+	QueueIPOptions: "queue-ip-options", QueueOpaque: "queue-opaque", QueueRead: "queue-read",
 	DropRefused: "drop-refused", DropNoDaemon: "drop-no-daemon",
 	DropMalformed: "drop-malformed", DropVLAN: "drop-vlan", DropNonIP: "drop-non-ip",
 }
@@ -285,7 +304,7 @@ func (r Reason) Outcome() Outcome {
 	switch {
 	case r <= PassLinkLocal:
 		return Passed
-	case r <= QueueOpaque:
+	case r <= QueueRead:
 		return Queued
 	case r < NumReasons:
 		return Dropped
