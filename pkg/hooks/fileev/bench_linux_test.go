@@ -8,12 +8,16 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/decide"
@@ -257,4 +261,78 @@ func BenchmarkReaderThroughput(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkFileCycleBPF measures the kernel side of the no-fsync cycle:
+// with BPF run-time statistics enabled (BPF_ENABLE_STATS, released when
+// the benchmark ends), a child runs the cycle, traced ("traced") or not
+// ("untraced": the programs only filter it out), and each tracing program
+// reports its run time per cycle (<prog>-ns/op) and its runs per cycle
+// (<prog>-runs/op). The programs run on every syscall of the machine, so
+// runs/op counts the other processes' syscalls too: the difference of the
+// two variants is the cost of tracing the child. The statistics add two
+// clock reads per program run, so the figures are upper bounds. The
+// reader runs as in BenchmarkFileCycle.
+func BenchmarkFileCycleBPF(b *testing.B) {
+	testutil.RequireRoot(b)
+	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		b.Skipf("BPF run-time statistics refused: %v", err)
+	}
+	defer stats.Close()
+	for _, traced := range []bool{true, false} {
+		name := "traced"
+		if !traced {
+			name = "untraced"
+		}
+		b.Run(name, func(b *testing.B) { benchCycleBPF(b, traced) })
+	}
+}
+
+func benchCycleBPF(b *testing.B, traced bool) {
+	root := mountOverlay(b)
+	h := startHelper(b, "bench-nofsync", root, nil)
+	h.begin(b)
+	h.send(b, 10)
+	pid := 0
+	if traced {
+		pid = h.pid
+	}
+	tr, _, _, stop := benchTracer(b, Config{Root: root}, pid)
+	defer stop()
+	names := make([]string, 0, len(tr.coll.Programs))
+	for name := range tr.coll.Programs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	read := func() map[string]ebpf.ProgramStats {
+		m := map[string]ebpf.ProgramStats{}
+		for _, name := range names {
+			st, err := tr.coll.Programs[name].Stats()
+			if err != nil {
+				b.Fatalf("stats of %s: %v", name, err)
+			}
+			m[name] = *st
+		}
+		return m
+	}
+	n := max(b.N, 1000)
+	before := read()
+	b.ResetTimer()
+	h.send(b, n)
+	syncTracer(b, tr)
+	b.StopTimer()
+	after := read()
+	var total time.Duration
+	for _, name := range names {
+		d := after[name].Runtime - before[name].Runtime
+		runs := after[name].RunCount - before[name].RunCount
+		if name == "ft_marker" || runs == 0 {
+			continue
+		}
+		total += d
+		b.ReportMetric(float64(d.Nanoseconds())/float64(n), name+"-ns/op")
+		b.ReportMetric(float64(runs)/float64(n), name+"-runs/op")
+	}
+	b.ReportMetric(float64(total.Nanoseconds())/float64(n), "bpf-ns/op")
 }

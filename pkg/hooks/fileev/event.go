@@ -38,19 +38,23 @@ const (
 // bookkeeping (close, dup, chdir, fork, exit, loss) map to none: the
 // staging layer, not this stream, is the record of what is staged, and a
 // malformed or lost record asks the daemon for a re-scan instead.
-func Events(r *Record) []decide.Event {
+func Events(r *Record) []decide.Event { return appendEvents(nil, r) }
+
+// appendEvents appends r's events (see Events) to dst: Run reuses one
+// slice for every record.
+func appendEvents(dst []decide.Event, r *Record) []decide.Event {
 	if r.Kind != KindSyscall || r.Ret < 0 || r.Malformed != "" {
-		return nil
+		return dst
 	}
 	if int(r.Op) >= len(eventMappers) || eventMappers[r.Op] == nil {
-		return nil // bookkeeping: close, dup, chdir
+		return dst // bookkeeping: close, dup, chdir
 	}
-	return eventMappers[r.Op](r)
+	return eventMappers[r.Op](dst, r)
 }
 
-// eventMappers map each operation class to its decide.Events; an
+// eventMappers append each operation class's decide.Events to dst; an
 // operation without one (close, dup, chdir) maps to none.
-var eventMappers = [opMax]func(r *Record) []decide.Event{
+var eventMappers = [opMax]func(dst []decide.Event, r *Record) []decide.Event{
 	OpRead:        readEvents,
 	OpWrite:       writeEvents,
 	OpMmap:        mmapEvents,
@@ -99,12 +103,12 @@ func dec(v int64) string { return strconv.FormatInt(v, 10) }
 
 // inRoot maps a record whose one object is r.Path to its event when
 // that is inside M.
-func inRoot(f func(r *Record) decide.Event) func(r *Record) []decide.Event {
-	return func(r *Record) []decide.Event {
+func inRoot(f func(r *Record) decide.Event) func(dst []decide.Event, r *Record) []decide.Event {
+	return func(dst []decide.Event, r *Record) []decide.Event {
 		if !r.InRoot {
-			return nil
+			return dst
 		}
-		return []decide.Event{f(r)}
+		return append(dst, f(r))
 	}
 }
 
@@ -125,25 +129,25 @@ func writeEvent(r *Record, p string, offset int64) decide.Event {
 	return ev
 }
 
-func readEvents(r *Record) []decide.Event {
+func readEvents(dst []decide.Event, r *Record) []decide.Event {
 	if r.InRoot && r.Ret > 0 {
-		return []decide.Event{readEvent(r, r.Path)}
+		return append(dst, readEvent(r, r.Path))
 	}
-	return nil
+	return dst
 }
 
-func writeEvents(r *Record) []decide.Event {
+func writeEvents(dst []decide.Event, r *Record) []decide.Event {
 	if r.InRoot && r.Ret > 0 {
-		return []decide.Event{writeEvent(r, r.Path, r.Offset)}
+		return append(dst, writeEvent(r, r.Path, r.Offset))
 	}
-	return nil
+	return dst
 }
 
-func mmapEvents(r *Record) []decide.Event {
+func mmapEvents(dst []decide.Event, r *Record) []decide.Event {
 	if !r.InRoot {
-		return nil
+		return dst
 	}
-	var evs []decide.Event
+	evs := dst
 	if r.Mode&protRead != 0 {
 		evs = append(evs, readEvent(r, r.Path))
 	}
@@ -156,11 +160,11 @@ func mmapEvents(r *Record) []decide.Event {
 	return evs
 }
 
-func copyEvents(r *Record) []decide.Event {
+func copyEvents(dst []decide.Event, r *Record) []decide.Event {
 	if r.Ret <= 0 {
-		return nil
+		return dst
 	}
-	var evs []decide.Event
+	evs := dst
 	if r.InRoot && r.Path != "" {
 		evs = append(evs, readEvent(r, r.Path))
 	}
@@ -170,14 +174,14 @@ func copyEvents(r *Record) []decide.Event {
 	return evs
 }
 
-func openEvents(r *Record) []decide.Event {
+func openEvents(dst []decide.Event, r *Record) []decide.Event {
 	if !r.InRoot {
-		return nil
+		return dst
 	}
 	acc := r.Flags & oAccMode
 	switch {
 	case r.Flags&oTmpfile == oTmpfile:
-		return nil // unnamed until linkat: that is the effect
+		return dst // unnamed until linkat: that is the effect
 	case r.Flags&oCreat != 0:
 		// O_CREAT: the file may have been created (and, with O_TRUNC,
 		// an existing one emptied).
@@ -185,11 +189,11 @@ func openEvents(r *Record) []decide.Event {
 		if r.Flags&oTrunc != 0 && acc != 0 {
 			fields = append(fields, control("truncate", "true"))
 		}
-		return []decide.Event{outEvent(r, OpNameCreate, fields...)}
+		return append(dst, outEvent(r, OpNameCreate, fields...))
 	case r.Flags&oTrunc != 0 && (acc == oWronly || acc == oRdwr):
-		return []decide.Event{outEvent(r, OpNameTruncate, target("path", r.Path), control("length", "0"))}
+		return append(dst, outEvent(r, OpNameTruncate, target("path", r.Path), control("length", "0")))
 	}
-	return nil
+	return dst
 }
 
 func truncateEvent(r *Record) decide.Event {
@@ -225,15 +229,15 @@ func xattrEvent(op string) func(r *Record) decide.Event {
 
 // twoPathEvents maps rename and link: an effect on M when either path is
 // in it.
-func twoPathEvents(op string) func(r *Record) []decide.Event {
-	return func(r *Record) []decide.Event {
+func twoPathEvents(op string) func(dst []decide.Event, r *Record) []decide.Event {
+	return func(dst []decide.Event, r *Record) []decide.Event {
 		if !r.InRoot && !r.InRoot2 {
-			return nil
+			return dst
 		}
 		fields := []decide.Field{target("path", r.Path), target("newpath", r.Path2)}
 		if r.Flags != 0 {
 			fields = append(fields, control("flags", "0x"+strconv.FormatUint(r.Flags, 16)))
 		}
-		return []decide.Event{outEvent(r, op, fields...)}
+		return append(dst, outEvent(r, op, fields...))
 	}
 }

@@ -113,6 +113,13 @@ func TestEvents(t *testing.T) {
 		if d := cmp.Diff(tc.want, got); d != "" {
 			t.Errorf("%s (-want +got):\n%s", tc.name, d)
 		}
+		// Run appends into a reused slice: what is there stays, the
+		// record's events follow it.
+		prev := decide.Event{Obj: "previous"}
+		more := appendEvents([]decide.Event{prev}, tc.r)
+		if len(more) != 1+len(evs) || more[0].Obj != prev.Obj || (len(evs) > 0 && more[1].Obj != evs[0].Obj) {
+			t.Errorf("%s: appended to one event: %d events, want %d", tc.name, len(more), 1+len(evs))
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,7 +38,7 @@ func (c *collector) handle(r *Record, evs []decide.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.recs = append(c.recs, *r)
-	c.evs = append(c.evs, evs)
+	c.evs = append(c.evs, slices.Clone(evs)) // Run reuses evs
 }
 
 // of returns the records (and their events) of pid.

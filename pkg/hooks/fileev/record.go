@@ -157,6 +157,11 @@ type resolver struct {
 	boot  func(ts uint64) time.Time
 
 	cur uint32 // target of the record being resolved
+
+	// c is the record being resolved: kept here, not on the stack, so
+	// that the handlers' table (an indirect call) does not make each
+	// record's state escape to the heap.
+	c resolving
 }
 
 func newResolver(root string, rootDev uint32, rootIno uint64, proc procFS, view func(uint32) (string, bool),
@@ -259,7 +264,7 @@ func underView(view, p string) (string, bool) {
 		}
 		return p, false
 	}
-	if strings.HasPrefix(p, view+"/") {
+	if len(p) > len(view) && p[len(view)] == '/' && strings.HasPrefix(p, view) {
 		return p[len(view)+1:], true
 	}
 	return p, false
@@ -372,19 +377,22 @@ func (r *resolver) pathAt(e *rawEvent, dirfd int64, p string, present bool, flag
 		fi, ok := e.fi(dirfd)
 		return r.fdPath(pid, int(dirfd), fi, ok)
 	}
-	if strings.HasPrefix(p, "/") {
-		base = "/"
-	} else if dirfd == atFDCWD {
+	var full string
+	switch {
+	case strings.HasPrefix(p, "/"):
+		full = path.Clean(p) // p itself when it is clean: no copy
+	case dirfd == atFDCWD:
 		if base, err = r.cwd(pid); err != nil {
 			return "", err
 		}
-	} else {
+		full = path.Join(base, p)
+	default:
 		fi, ok := e.fi(dirfd)
 		if base, err = r.fdPath(pid, int(dirfd), fi, ok); err != nil {
 			return "", err
 		}
+		full = path.Join(base, p)
 	}
-	full := path.Join(base, p)
 	if fd, ok := r.procAlias(pid, full); ok {
 		fi, haveFI := e.fi(int64(fd))
 		return r.fdPath(pid, fd, fi, haveFI)
@@ -400,12 +408,21 @@ func kdev(d uint32) uint64 {
 }
 
 // resolve turns a raw syscall, fork or exit record into a Record and
-// updates the per-process state. Each operation class has its handler in
+// updates the per-process state (see resolveInto).
+func (r *resolver) resolve(e *rawEvent) Record {
+	var rec Record
+	r.resolveInto(&rec, e)
+	return rec
+}
+
+// resolveInto is resolve into *out, which it overwrites: Run reuses one
+// Record for every record. Each operation class has its handler in
 // opHandlers; what they share (the record's header, the path checks, the
 // malformed verdict) is here.
-func (r *resolver) resolve(e *rawEvent) Record {
-	rec := Record{Time: r.boot(e.TS), PID: int(e.Tgid), TID: int(e.Tid), Target: int(e.Target),
+func (r *resolver) resolveInto(out *Record, e *rawEvent) {
+	*out = Record{Time: r.boot(e.TS), PID: int(e.Tgid), TID: int(e.Tid), Target: int(e.Target),
 		FD: -1, UID: -1, GID: -1}
+	rec := out
 	r.cur = e.Target
 	switch e.Kind {
 	case kFork:
@@ -417,17 +434,18 @@ func (r *resolver) resolve(e *rawEvent) Record {
 			child.fds[k] = v
 		}
 		r.procs[rec.Child] = child
-		return rec
+		return
 	case kExit:
 		rec.Kind = KindExit
 		delete(r.procs, rec.PID)
-		return rec
+		return
 	}
 	rec.Kind = KindSyscall
 	rec.Op = e.Op
 	rec.Syscall = syscallNames[e.Nr]
 	rec.Ret = e.Ret
-	c := resolving{r: r, e: e, rec: &rec, pid: rec.PID}
+	r.c = resolving{r: r, e: e, rec: rec, pid: rec.PID}
+	c := &r.c
 	// Flag the path arguments the kernel could not give whole.
 	for i := range 2 {
 		switch {
@@ -438,12 +456,12 @@ func (r *resolver) resolve(e *rawEvent) Record {
 		}
 	}
 	if int(e.Op) < len(opHandlers) && opHandlers[e.Op] != nil {
-		opHandlers[e.Op](&c)
+		opHandlers[e.Op](c)
 	}
 	if c.err != nil && e.Ret >= 0 {
 		rec.Malformed = c.err.Error()
 	}
-	return rec
+	r.c = resolving{} // hold no record or event between calls
 }
 
 // opHandlers resolve each operation class: they read the syscall's

@@ -104,7 +104,10 @@ type Stats struct {
 
 // Handler receives, in ring order, every record and the decide.Events it
 // maps to (see Events). It runs on Run's goroutine: a slow handler makes
-// the ring buffer fill and records be lost (and counted).
+// the ring buffer fill and records be lost (and counted). r and evs are
+// Run's, reused for the next record: a handler that keeps them after it
+// returns copies them (*r, the Events by value; the strings and Fields
+// in them are not reused and may be kept).
 type Handler func(r *Record, evs []decide.Event)
 
 type traceTarget struct {
@@ -150,6 +153,11 @@ type Tracer struct {
 
 	files   fileCache // Run's open files of M, by inode
 	scratch []byte    // Run's content buffer
+	// Run's record being handled, reused for every record (see Handler).
+	raw  rawEvent
+	rec  Record
+	evs  []decide.Event
+	last [2]string // the last path of each slot decoded: a repeated path is not copied again
 
 	seeds    []seed // guarded by mu: process state taken by Trace, for Run
 	hasSeeds atomic.Bool
@@ -725,8 +733,8 @@ func (t *Tracer) wakeupDue() bool {
 // acknowledged after checkLoss, so that a loss before it is reported
 // before Sync returns.
 func (t *Tracer) handle(res *resolver, b []byte, h Handler, checkLoss func()) {
-	e, err := decodeEvent(b)
-	if err != nil {
+	e := &t.raw
+	if err := decodeInto(e, b, &t.last); err != nil {
 		t.malformed.Add(1)
 		h(&Record{Kind: KindSyscall, Time: time.Now(), FD: -1, Malformed: err.Error()}, nil)
 		return
@@ -741,12 +749,15 @@ func (t *Tracer) handle(res *resolver, b []byte, h Handler, checkLoss func()) {
 		t.mu.Unlock()
 		return
 	}
-	rec := res.resolve(&e)
+	rec := &t.rec
+	res.resolveInto(rec, e)
 	if rec.Malformed != "" {
 		t.malformed.Add(1)
 	}
-	t.content(&rec)
-	h(&rec, Events(&rec))
+	t.content(rec)
+	clear(t.evs) // hold no content of the previous record
+	t.evs = appendEvents(t.evs[:0], rec)
+	h(rec, t.evs)
 }
 
 // Sync returns once Run has handled every record of the syscalls that

@@ -107,8 +107,18 @@ var errWire = errors.New("fileev: malformed ring buffer record")
 // not fit is an error naming the field.
 func decodeEvent(b []byte) (rawEvent, error) {
 	var e rawEvent
+	err := decodeInto(&e, b, nil)
+	return e, err
+}
+
+// decodeInto is decodeEvent into *e, which it overwrites. last, when not
+// nil, holds the last path decoded into each slot: a path equal to it is
+// that string again instead of a copy (a process tends to name the same
+// file over and over).
+func decodeInto(e *rawEvent, b []byte, last *[2]string) error {
+	*e = rawEvent{}
 	if len(b) < eventSize {
-		return e, fmt.Errorf("%w: %d bytes, want at least %d", errWire, len(b), eventSize)
+		return fmt.Errorf("%w: %d bytes, want at least %d", errWire, len(b), eventSize)
 	}
 	le := binary.LittleEndian
 	e.TS = le.Uint64(b[offTS:])
@@ -140,20 +150,20 @@ func decodeEvent(b []byte) (rawEvent, error) {
 	switch e.Kind {
 	case kSyscall:
 		if e.Op == OpNone || e.Op >= opMax {
-			return e, fmt.Errorf("%w: op %d", errWire, e.Op)
+			return fmt.Errorf("%w: op %d", errWire, e.Op)
 		}
 		if _, ok := syscallNames[e.Nr]; !ok {
-			return e, fmt.Errorf("%w: syscall number %d is not traced", errWire, e.Nr)
+			return fmt.Errorf("%w: syscall number %d is not traced", errWire, e.Nr)
 		}
 	case kFork, kExit, kMarker:
 	default:
-		return e, fmt.Errorf("%w: kind %d", errWire, e.Kind)
+		return fmt.Errorf("%w: kind %d", errWire, e.Kind)
 	}
 	if e.Flags&fPaths == 0 {
-		return e, nil
+		return nil
 	}
 	if len(b) < pathEventSize {
-		return e, fmt.Errorf("%w: path record of %d bytes, want %d", errWire, len(b), pathEventSize)
+		return fmt.Errorf("%w: path record of %d bytes, want %d", errWire, len(b), pathEventSize)
 	}
 	for i := range 2 {
 		n := int(le.Uint16(b[offPlen+2*i:]))
@@ -161,17 +171,25 @@ func decodeEvent(b []byte) (rawEvent, error) {
 			continue
 		}
 		if n > pathMax {
-			return e, fmt.Errorf("%w: path %d length %d over %d", errWire, i, n, pathMax)
+			return fmt.Errorf("%w: path %d length %d over %d", errWire, i, n, pathMax)
 		}
 		p := b[offPath+pathMax*i : offPath+pathMax*i+n]
 		// n counts the NUL the kernel copied.
 		if p[n-1] == 0 {
 			p = p[:n-1]
 		}
-		e.Path[i] = string(p)
+		switch {
+		case last == nil:
+			e.Path[i] = string(p)
+		case string(p) == last[i]: // compared without a copy
+			e.Path[i] = last[i]
+		default:
+			e.Path[i] = string(p)
+			last[i] = e.Path[i]
+		}
 		e.HasP[i] = true
 	}
-	return e, nil
+	return nil
 }
 
 // fi returns the description of descriptor fd carried by the record, if

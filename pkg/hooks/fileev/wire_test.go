@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // encodeEvent is decodeEvent's inverse, for tests and the fuzz corpus.
@@ -143,4 +144,39 @@ func FuzzDecodeEvent(f *testing.F) {
 			t.Fatalf("round trip:\n got %+v\nwant %+v", again, e)
 		}
 	})
+}
+
+// TestDecodeIntoReused decodes a stream into one reused rawEvent, with
+// the last-path table Run keeps: each record decodes as it would alone
+// (nothing of the previous record is left: a path record after a record
+// without paths, a record without paths after one with them), and a
+// repeated path is the same string again.
+func TestDecodeIntoReused(t *testing.T) {
+	evs := sampleEvents()
+	other := evs[0]
+	other.Path[0] = "b.txt"
+	again := other
+	again.TS = 9
+	stream := append(evs, other, again, evs[1])
+	var e rawEvent
+	var last [2]string
+	var prev string
+	for i, want := range stream {
+		if err := decodeInto(&e, encodeEvent(&want), &last); err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		alone, err := decodeEvent(encodeEvent(&want))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e != alone {
+			t.Errorf("record %d decoded into a reused event as\n%+v\nalone as\n%+v", i, e, alone)
+		}
+		if i == len(evs)+1 && unsafe.StringData(e.Path[0]) != unsafe.StringData(prev) {
+			t.Errorf("record %d: the repeated path %q was copied again", i, e.Path[0])
+		}
+		if e.HasP[0] {
+			prev = e.Path[0]
+		}
+	}
 }
