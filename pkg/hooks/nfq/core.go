@@ -42,6 +42,8 @@ type packet struct {
 	seq, end uint32
 	payload  []byte
 	done     bool
+	// tm: the packet's timing, with Config.Timing only.
+	tm *Timing
 }
 
 // sink is where verdicts and RSTs go: the nfqueue socket in a Loop, a
@@ -127,6 +129,7 @@ type job struct {
 	// is gone (cancel, with decide.ErrClientGone as the cause).
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	timed  bool // Config.Timing: note when the decision ran
 }
 
 type result struct {
@@ -134,6 +137,7 @@ type result struct {
 	verdict Verdict
 	reason  Reason
 	ticket  uint64
+	tm      *decTiming // with Config.Timing only
 }
 
 func newCore(cfg Config, out sink) *core {
@@ -191,6 +195,12 @@ func (c *core) doStop() {
 // kernel queue absorbs the wait.
 func (c *core) dispatch(p *packet) {
 	c.received.Add(1)
+	if c.cfg.Timing != nil {
+		if p.tm == nil {
+			p.tm = &Timing{}
+		}
+		p.tm.Read = p.time
+	}
 	p.pk, p.peekErr = peek(p.data)
 	c.sendMu.RLock()
 	defer c.sendMu.RUnlock()
@@ -213,9 +223,20 @@ func (c *core) verdict(p *packet, accept bool, r Reason) {
 		r = DropDecideError
 	}
 	c.verdicts[r].Add(1)
+	if p.tm != nil {
+		p.tm.Verdict = time.Now()
+	}
 	if err := c.out.verdict(p, accept); err != nil {
 		c.verrs.Add(1)
 		c.cfg.Logger.Warn("nfq: verdict not taken; the kernel drops the packet", "queue", c.cfg.QueueNum, "id", p.id, "err", err)
+	}
+	if tm := p.tm; tm != nil {
+		tm.Written = time.Now()
+		tm.ID, tm.Accept, tm.Reason = p.id, accept, r
+		if p.pk.hasKey {
+			tm.Flow, tm.TCPFlags, tm.Payload = p.pk.key, p.pk.tcpFlags, p.pk.tcpPayload
+		}
+		c.cfg.Timing(*tm)
 	}
 }
 
@@ -232,8 +253,16 @@ func (c *core) decider() {
 }
 
 func (c *core) decide(j *job) {
+	var start time.Time
+	if j.timed {
+		start = time.Now()
+	}
 	out, err := c.safeDecide(j.ctx, j)
 	j.cancel(nil)
+	var tm *decTiming
+	if j.timed {
+		tm = &decTiming{start: start, end: time.Now()}
+	}
 	r := result{id: j.id, verdict: out.Verdict}
 	switch {
 	case err != nil:
@@ -252,6 +281,7 @@ func (c *core) decide(j *job) {
 		c.cfg.Logger.Warn("nfq: decider answered nonsense: refused", "verdict", out.Verdict, "ticket", out.Ticket)
 		r.verdict, r.reason = Refuse, DropDecideError
 	}
+	r.tm = tm
 	j.w.post(r)
 	for _, res := range out.Resolutions {
 		c.resolve(res)
@@ -432,6 +462,7 @@ type effect struct {
 	// gone: its client was found gone already.
 	cancel context.CancelCauseFunc
 	gone   bool
+	tm     *decTiming // with Config.Timing only
 }
 
 const tickEvery = 50 * time.Millisecond
@@ -618,6 +649,7 @@ func (w *worker) flow(k tcx.FlowKey, now time.Time) *flowState {
 }
 
 func (w *worker) handle(p *packet) {
+	stampWorker(p)
 	if h := w.c.testHookHandle; h != nil {
 		h(p)
 	}
@@ -888,7 +920,7 @@ func (w *worker) submit(e *effect, m Meta) {
 	ctx, cancel := context.WithCancelCause(dctx)
 	e.cancel = func(cause error) { cancel(cause); cancelDeadline() }
 	select {
-	case w.c.jobs <- &job{w: w, id: e.id, meta: m, ev: *e.ev, ctx: ctx, cancel: e.cancel}:
+	case w.c.jobs <- &job{w: w, id: e.id, meta: m, ev: *e.ev, ctx: ctx, cancel: e.cancel, timed: w.c.cfg.Timing != nil}:
 	default:
 		e.cancel(nil)
 		w.finish(e, Refuse, DropOverload)
@@ -988,6 +1020,10 @@ func (w *worker) result(r result) {
 		w.c.late.Add(1)
 		return
 	}
+	if r.tm != nil {
+		r.tm.result = time.Now()
+		e.tm = r.tm
+	}
 	switch r.verdict {
 	case Hold:
 		e.ticket = r.ticket
@@ -1068,6 +1104,7 @@ func (w *worker) applyDatagram(e *effect) {
 		}
 	}
 	for _, p := range e.packets {
+		stampDecision(p, e)
 		w.unhold(p, accept, r)
 	}
 	e.packets = nil
@@ -1109,8 +1146,10 @@ func (w *worker) settle(f *flowState) {
 		return
 	}
 	changed := false
+	var by *effect // the last effect released here (Config.Timing)
 	for len(f.pending) > 0 && f.pending[0].verdict != 0 {
 		e := f.pending[0]
+		by = e
 		if e.verdict != Release {
 			w.refuseFlow(f, e.reason, true)
 			return
@@ -1152,6 +1191,7 @@ func (w *worker) settle(f *flowState) {
 	for _, p := range f.held {
 		if f.open || f.hasRange && seqLE(p.end, f.decidedTo) {
 			f.bytes -= int(p.end - p.seq)
+			stampDecision(p, by)
 			w.unhold(p, true, AcceptReleased)
 			continue
 		}

@@ -151,7 +151,11 @@ func (l *Loop) Run(ctx context.Context) (err error) {
 			c.recvErrs.Add(1)
 			return 0
 		}
-		c.dispatch(packetFrom(&a))
+		p := packetFrom(&a)
+		if cfg.Timing != nil && a.Timestamp != nil {
+			p.tm = &Timing{Kernel: *a.Timestamp}
+		}
+		c.dispatch(p)
 		return 0
 	}
 	errfn := func(err error) int {
