@@ -854,3 +854,55 @@ func TestCompatSyscallCountsLoss(t *testing.T) {
 		})
 	}
 }
+
+// TestPipeWiringNotMalformed runs a shell in a traced cgroup whose
+// children wire pipes onto their stdio (dup2 of a pipe, as every
+// subprocess call does) and exit at once: no record is malformed (which
+// would make the daemon decide every staged change again), and the
+// pipeline's write into the directory is seen with its content.
+func TestPipeWiringNotMalformed(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := mountOverlay(t)
+	cg, err := NewCgroup(testutil.UniqueName("fev"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cg.Remove() })
+	tr, col := newTracer(t, Config{Root: root})
+	if _, err := tr.Trace(Target{Cgroup: cg.Path}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := cg.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command("/bin/sh", "-c", `for i in 1 2 3 4 5; do echo "line $i" | cat | cat > out.txt; x=$(echo sub); done`)
+	cmd.Dir = root
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sh: %v %s", err, out)
+	}
+	syncTracer(t, tr)
+	dups, wrote := 0, false
+	for _, r := range col.all() {
+		if r.Malformed != "" {
+			t.Errorf("malformed: %s", &r)
+		}
+		if r.Op == OpDup && r.Ret >= 0 {
+			dups++
+		}
+		if r.Op == OpWrite && r.Path == "out.txt" && r.Content == "line 5\n" {
+			wrote = true
+		}
+	}
+	if dups == 0 {
+		t.Errorf("no dup traced: the shell wired no pipe?")
+	}
+	if !wrote {
+		t.Errorf("the write of out.txt was not seen with its content")
+	}
+	if st := tr.Stats(); st.Malformed != 0 || tr.TakeRescan() {
+		t.Errorf("stats %+v: a re-scan asked for", st)
+	}
+}

@@ -204,6 +204,12 @@ func (r *resolver) viewRoot(target uint32) string {
 	return view
 }
 
+// elsewhere reports whether the kernel described a file on another
+// filesystem than M: outside M, whatever its path (see devCheck).
+func (r *resolver) elsewhere(fi fdInfo) bool {
+	return r.rootDev != 0 && fi.Dev != r.rootDev
+}
+
 // isRoot reports whether the kernel described M's root directory.
 func (r *resolver) isRoot(fi fdInfo) bool {
 	return r.rootDev != 0 && fi.Dev == r.rootDev && fi.Ino == r.rootIno
@@ -533,6 +539,11 @@ func (c *resolving) setPath(slot int, p string, err error) {
 func (c *resolving) fdObj(slot int, fd int64) {
 	fi, ok := c.e.fi(fd)
 	p, err := c.r.fdPath(c.pid, int(fd), fi, ok)
+	if err != nil && ok && c.r.elsewhere(fi) {
+		// Never seen opened and gone from /proc, but the kernel said
+		// it is on another filesystem: outside M, path unknown.
+		p, err = "", nil
+	}
 	c.setPath(slot, p, err)
 	if err == nil && ok {
 		if slot == 0 {
@@ -925,7 +936,21 @@ func resolveDup(c *resolving) {
 	rec.FD = int(e.Ret)
 	// The new descriptor is the same open file as the old one.
 	fi, ok := e.fi(e.Ret)
+	if ok && !pathType(fi.Mode) {
+		// A pipe, a socket or an anonymous inode (a shell or
+		// subprocess wiring a child's stdio): nothing of M, and no path
+		// to know it by. Its close is not traced either.
+		delete(r.state(c.pid).fds, rec.FD)
+		return
+	}
 	p, err := r.fdPath(c.pid, int(sfd(e.Args[0])), fi, ok)
+	if err != nil && ok && r.elsewhere(fi) {
+		// Inherited unseen from an untraced parent (a child wiring
+		// /dev/null onto its stdio before exec) and gone from /proc:
+		// outside M, path unknown.
+		delete(r.state(c.pid).fds, rec.FD)
+		return
+	}
 	if err == nil {
 		ent := fdEntry{path: p}
 		if ok {
@@ -936,6 +961,17 @@ func resolveDup(c *resolving) {
 		delete(r.state(c.pid).fds, rec.FD)
 	}
 	c.setPath(0, p, err)
+}
+
+// pathType reports whether a descriptor of this mode can name something
+// by path: a regular file, a directory, a symlink (O_PATH) or a device
+// node. Pipes, sockets and anonymous inodes (type 0) cannot.
+func pathType(mode uint32) bool {
+	switch mode & sIFMT {
+	case sIFREG, sIFDIR, sIFLNK, sIFCHR, sIFBLK:
+		return true
+	}
+	return false
 }
 
 func resolveChdir(c *resolving) {

@@ -92,6 +92,20 @@ func TestResolveOps(t *testing.T) {
 		{withFI(sc(33, OpDup, 7, 3, 7), reg(7, 50, 10)), "dup dup2 ret=fd f"},
 		{withFI(sc(292, OpDup, 7, 3, 7, 0), reg(7, 50, 10)), "dup dup3 ret=fd f"},
 		{withFI(sc(72, OpDup, 7, 3, 0, 5), reg(7, 50, 10)), "dup fcntl ret=fd f"},
+		// a pipe or socket onto stdio (a subprocess's child, gone by the
+		// time /proc would be asked): no path, not malformed
+		{withFI(sc(33, OpDup, 1, 8, 1), fdInfo{FD: 1, Ino: 70, Dev: 13, Mode: 0o010600, Valid: true}), "dup dup2 ret=fd"},
+		{withFI(sc(72, OpDup, 10, 9, 0, 10), fdInfo{FD: 10, Ino: 71, Dev: 8, Mode: 0o140777, Valid: true}), "dup fcntl ret=fd"},
+		{withFI(sc(292, OpDup, 7, 9, 7, 0), fdInfo{FD: 7, Ino: 72, Dev: 14, Mode: 0o600, Valid: true}), "dup dup3 ret=fd"},
+		// unknown to /proc (gone), but the kernel says it is on another
+		// filesystem (/dev/null inherited from an untraced parent): no
+		// path, not malformed; on M's filesystem it stays malformed
+		{withFI(sc(33, OpDup, 0, 35, 0), fdInfo{FD: 0, Ino: 4, Dev: 5, Mode: 0o020666, Valid: true}), "dup dup2 ret=fd"},
+		{withFI(sc(33, OpDup, 0, 35, 0), reg(0, 80, 0)), "dup dup2 ret=fd MALFORMED: dup2: descriptor 35 unknown: no such file or directory"},
+		{withFI(sc(91, OpChmod, 0, 35, 0o600), fdInfo{FD: 35, Ino: 4, Dev: 5, Mode: 0o020666, Valid: true}), "chmod fchmod ret=0 mode=0600"},
+		{withFI(sc(91, OpChmod, 0, 35, 0o600), reg(35, 80, 0)), "chmod fchmod ret=0 mode=0600 MALFORMED: fchmod: descriptor 35 unknown: no such file or directory"},
+		// not described by the kernel and unknown to /proc: malformed
+		{sc(33, OpDup, 1, 8, 1), "dup dup2 ret=fd MALFORMED: dup2: descriptor 8 unknown: no such file or directory"},
 		{withPath(sc(80, OpChdir, 0, 0), "d"), "chdir chdir ret=0 d"},
 		{withFI(sc(81, OpChdir, 0, 4), d4), "chdir fchdir ret=0 d"},
 	} {

@@ -85,6 +85,9 @@ const (
 	sIFMT         = 0o170000
 	sIFREG        = 0o100000
 	sIFDIR        = 0o040000
+	sIFLNK        = 0o120000
+	sIFCHR        = 0o020000
+	sIFBLK        = 0o060000
 	errnoENOENT   = 2
 	rwfOffsetNone = ^uint64(0) // preadv2/pwritev2 offset -1: use the file position
 )
