@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
@@ -904,5 +905,20 @@ func TestPipeWiringNotMalformed(t *testing.T) {
 	}
 	if st := tr.Stats(); st.Malformed != 0 || tr.TakeRescan() {
 		t.Errorf("stats %+v: a re-scan asked for", st)
+	}
+}
+
+// TestOwnedString: content read back becomes a string without a copy,
+// unless most of its buffer went unused.
+func TestOwnedString(t *testing.T) {
+	buf := []byte("0123456789")
+	if s := ownedString(buf, 8); s != "01234567" || unsafe.StringData(s) != &buf[0] {
+		t.Errorf("8 of 10 bytes: %q, shared %v; want the buffer itself", s, unsafe.StringData(s) == &buf[0])
+	}
+	if s := ownedString(buf, 4); s != "0123" || unsafe.StringData(s) == &buf[0] {
+		t.Errorf("4 of 10 bytes: %q, want a copy", s)
+	}
+	if s := ownedString(buf, 0); s != "" {
+		t.Errorf("0 bytes: %q", s)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -151,8 +152,7 @@ type Tracer struct {
 	running bool
 	closed  bool
 
-	files   fileCache // Run's open files of M, by inode
-	scratch []byte    // Run's content buffer
+	files fileCache // Run's open files of M, by inode
 	// Run's record being handled, reused for every record (see Handler).
 	raw  rawEvent
 	rec  Record
@@ -841,10 +841,9 @@ func (t *Tracer) content(r *Record) {
 		r.ContentErr = err.Error()
 		return
 	}
-	if int64(cap(t.scratch)) < n {
-		t.scratch = make([]byte, n)
-	}
-	buf := t.scratch[:n]
+	// Read into a buffer of the record's own: the bytes become
+	// Content without a copy.
+	buf := make([]byte, n)
 	got := 0
 	for got < len(buf) {
 		m, err := unix.Pread(fd, buf[got:], off+int64(got))
@@ -860,7 +859,20 @@ func (t *Tracer) content(r *Record) {
 		}
 		got += m
 	}
-	r.Content = string(buf[:got])
+	r.Content = ownedString(buf, got)
+}
+
+// ownedString is buf[:n] as a string without a copy; buf must not be
+// written again. A buffer mostly unused (the file shrank since) is
+// copied instead, so a short Content does not pin a large buffer.
+func ownedString(buf []byte, n int) string {
+	if n == 0 {
+		return ""
+	}
+	if 2*n < len(buf) {
+		return string(buf[:n])
+	}
+	return unsafe.String(unsafe.SliceData(buf), n)
 }
 
 // hostProc reads /proc.
