@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/daemon"
@@ -57,20 +59,23 @@ defaults: {kind: blocking, gate: [target, credential, command]}
 
 // agentScript is each sandbox's agent: its first instruction stamps the
 // time, then three requests its task names and three file writes; then
-// it waits, idle; told to hold, it sends requests the operator is asked
-// about (not in its task) and waits for them in the background.
+// it idles, blocked on reading its control FIFO (no process forked
+// while it idles: an agent polling with `sleep 0.1` forks ten processes
+// a second, each traced, which is not idle); told to hold, it sends
+// requests the operator is asked about (not in its task) and waits for
+// them in the background until it is told to exit.
 const agentScript = `date +%s%N > /run/carbd/exec
-wait_for() { while [ ! -e "/run/carbd/$1" ]; do sleep 0.1; done; }
 for i in 0 1 2; do
   curl -sS -m 60 -o /dev/null http://api.example.com/$CARBD_SANDBOX/task-$i || echo "curl $i: $?"
   echo "data $i" > out-$i.txt
 done
+mkfifo -m 0600 /run/carbd/ctl && exec 3<>/run/carbd/ctl
 date +%s%N > /run/carbd/loopdone
-while [ ! -e /run/carbd/hold ] && [ ! -e /run/carbd/exit ]; do sleep 0.1; done
-if [ -e /run/carbd/hold ]; then
+read cmd <&3
+if [ "$cmd" = hold ]; then
   j=0; while [ $j -lt $HELD ]; do curl -s -m 300 -o /dev/null http://api.example.com/$CARBD_SANDBOX/held-$j & j=$((j+1)); done
+  read cmd <&3
 fi
-wait_for exit
 `
 
 type run struct {
@@ -205,8 +210,30 @@ func (f *fleet) agentFile(r *run, name string) string {
 	return filepath.Join(f.state, "sandboxes", r.id, "agent", name)
 }
 
-func (f *fleet) tell(r *run, name string) {
-	_ = os.WriteFile(f.agentFile(r, name), nil, 0o644)
+// tell writes a command (hold, exit) to the agent's control FIFO,
+// waiting for the agent to have opened it.
+func (f *fleet) tell(r *run, cmd string) {
+	path := f.agentFile(r, "ctl")
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err == nil {
+			_, err = unix.Write(fd, []byte(cmd+"\n"))
+			unix.Close(fd)
+			if err == nil {
+				return
+			}
+		}
+		select {
+		case <-r.done:
+			return // it ended: nothing to tell
+		default:
+		}
+		if time.Now().After(deadline) {
+			f.b.Fatalf("sandbox %s: tell %s: %v", r.id, cmd, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // stamp reads a time the agent wrote (date +%s%N).
