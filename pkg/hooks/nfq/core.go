@@ -77,9 +77,10 @@ type rstInfo struct {
 // core is the verdict loop without the kernel: workers, decisions,
 // tickets and counters. Loop wires it to an nfqueue socket.
 type core struct {
-	cfg Config
-	out sink
-	dp  Datapath
+	cfg    Config
+	out    sink
+	dp     Datapath
+	inline InlineDecider // cfg.Decider, when it can decide without blocking
 
 	workers []*worker
 	jobs    chan *job
@@ -150,6 +151,7 @@ func newCore(cfg Config, out sink) *core {
 		tickets: map[uint64]ticketRef{},
 		early:   map[uint64]earlyRes{},
 	}
+	c.inline, _ = cfg.Decider.(InlineDecider)
 	for i := 0; i < cfg.Workers; i++ {
 		c.workers = append(c.workers, newWorker(c, i))
 	}
@@ -208,7 +210,22 @@ func (c *core) dispatch(p *packet) {
 		c.verdict(p, false, DropShutdown)
 		return
 	}
-	c.workers[shard(&p.pk, len(c.workers))].in <- p
+	w := c.workers[shard(&p.pk, len(c.workers))]
+	// Inline: when the worker has nothing queued and is idle, the
+	// dispatcher handles the packet itself, under the worker's lock,
+	// instead of waking the worker's goroutine (a hand-off that costs a
+	// thread wake-up on a busy host). Order holds: with nothing of the
+	// worker's queued, every packet dispatched before this one has been
+	// handled. Handling never blocks (decisions that may wait run on the
+	// decision pool), so the receive goroutine is back at the socket
+	// when it returns.
+	if !c.cfg.handOff && w.queued.Load() == 0 && w.mu.TryLock() {
+		w.safely(p, func() { w.handle(p) })
+		w.mu.Unlock()
+		return
+	}
+	w.queued.Add(1)
+	w.in <- p
 }
 
 // verdict gives p its one verdict and counts it.
@@ -240,6 +257,30 @@ func (c *core) verdict(p *packet, accept bool, r Reason) {
 	}
 }
 
+// outcome turns a Decider's answer for effect id of worker w (or its
+// failure) into the result the worker applies.
+func (c *core) outcome(w *worker, id uint64, out Outcome, err error) result {
+	r := result{id: id, verdict: out.Verdict}
+	switch {
+	case err != nil:
+		c.cfg.Logger.Warn("nfq: decider failed: refused", "err", err)
+		r.verdict, r.reason = Refuse, DropDecideError
+	case out.Verdict == Release:
+		r.reason = AcceptReleased
+	case out.Verdict == Refuse:
+		r.reason = DropRefused
+	case out.Verdict == Hold && out.Ticket != 0:
+		r.ticket = out.Ticket
+		if res, ok := c.register(out.Ticket, w, id); ok {
+			r = resolutionResult(id, res)
+		}
+	default:
+		c.cfg.Logger.Warn("nfq: decider answered nonsense: refused", "verdict", out.Verdict, "ticket", out.Ticket)
+		r.verdict, r.reason = Refuse, DropDecideError
+	}
+	return r
+}
+
 // decider runs Decide calls from the job queue.
 func (c *core) decider() {
 	for {
@@ -263,24 +304,7 @@ func (c *core) decide(j *job) {
 	if j.timed {
 		tm = &decTiming{start: start, end: time.Now()}
 	}
-	r := result{id: j.id, verdict: out.Verdict}
-	switch {
-	case err != nil:
-		c.cfg.Logger.Warn("nfq: decider failed: refused", "err", err)
-		r.verdict, r.reason = Refuse, DropDecideError
-	case out.Verdict == Release:
-		r.reason = AcceptReleased
-	case out.Verdict == Refuse:
-		r.reason = DropRefused
-	case out.Verdict == Hold && out.Ticket != 0:
-		r.ticket = out.Ticket
-		if res, ok := c.register(out.Ticket, j.w, j.id); ok {
-			r = resolutionResult(j.id, res)
-		}
-	default:
-		c.cfg.Logger.Warn("nfq: decider answered nonsense: refused", "verdict", out.Verdict, "ticket", out.Ticket)
-		r.verdict, r.reason = Refuse, DropDecideError
-	}
+	r := c.outcome(j.w, j.id, out, err)
 	r.tm = tm
 	j.w.post(r)
 	for _, res := range out.Resolutions {
@@ -296,6 +320,18 @@ func (c *core) safeDecide(ctx context.Context, j *job) (out Outcome, err error) 
 		}
 	}()
 	return c.cfg.Decider.Decide(ctx, j.meta, j.ev), nil
+}
+
+// safeDecideNow asks an InlineDecider; a panic is an error (refused).
+func (c *core) safeDecideNow(d InlineDecider, m Meta, ev decide.Event) (out Outcome, ok bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.panics.Add(1)
+			err = fmt.Errorf("nfq: decider panicked: %v\n%s", v, debug.Stack())
+		}
+	}()
+	out, ok = d.DecideNow(m, ev)
+	return out, ok, nil
 }
 
 func resolutionResult(id uint64, res Resolution) result {
@@ -390,8 +426,13 @@ func (c *core) dpErr(op string, k tcx.FlowKey, err error) {
 // worker owns the flows that hash to it: their parser state, held packets
 // and pending effects. Only its goroutine touches them.
 type worker struct {
-	c       *core
-	idx     int
+	c   *core
+	idx int
+	// mu is held while the worker's state is used: by its goroutine, or
+	// by a dispatcher handling a packet inline (see dispatch). queued
+	// counts the packets sent to in and not handled yet.
+	mu      sync.Mutex
+	queued  atomic.Int32
 	in      chan *packet
 	results chan result
 	ctl     chan func()
@@ -509,17 +550,27 @@ func (w *worker) run() {
 	for {
 		select {
 		case p, ok := <-w.in:
+			w.mu.Lock()
 			if !ok {
 				w.shutdown()
+				w.mu.Unlock()
 				return
 			}
 			w.safely(p, func() { w.handle(p) })
+			w.queued.Add(-1)
+			w.mu.Unlock()
 		case r := <-w.results:
+			w.mu.Lock()
 			w.safely(nil, func() { w.result(r) })
+			w.mu.Unlock()
 		case f := <-w.ctl:
+			w.mu.Lock()
 			w.safely(nil, f)
+			w.mu.Unlock()
 		case now := <-t.C:
+			w.mu.Lock()
 			w.safely(nil, func() { w.tick(now) })
+			w.mu.Unlock()
 		}
 	}
 }
@@ -916,6 +967,9 @@ func (w *worker) submit(e *effect, m Meta) {
 	if m.Time.IsZero() {
 		m.Time = now
 	}
+	if w.decideNow(e, m) {
+		return
+	}
 	dctx, cancelDeadline := context.WithDeadline(w.c.ctx, e.deadline)
 	ctx, cancel := context.WithCancelCause(dctx)
 	e.cancel = func(cause error) { cancel(cause); cancelDeadline() }
@@ -925,6 +979,41 @@ func (w *worker) submit(e *effect, m Meta) {
 		e.cancel(nil)
 		w.finish(e, Refuse, DropOverload)
 	}
+}
+
+// decideNow decides e on the worker's goroutine when the Decider can
+// without blocking (InlineDecider): no hand-off to the decision pool and
+// back. It reports false when e goes to the pool.
+func (w *worker) decideNow(e *effect, m Meta) bool {
+	d := w.c.inline
+	if d == nil || w.c.cfg.handOff {
+		return false
+	}
+	var start time.Time
+	timed := w.c.cfg.Timing != nil
+	if timed {
+		start = time.Now()
+	}
+	out, ok, err := w.c.safeDecideNow(d, m, *e.ev)
+	if err == nil && !ok {
+		return false
+	}
+	r := w.c.outcome(w, e.id, out, err)
+	if timed {
+		now := time.Now()
+		r.tm = &decTiming{start: start, end: now, result: now}
+	}
+	w.result(r)
+	if len(out.Resolutions) > 0 {
+		// Through the workers' result channels, as from the pool: this
+		// worker's own may be among them, and it must not wait on itself.
+		go func() {
+			for _, res := range out.Resolutions {
+				w.c.resolve(res)
+			}
+		}()
+	}
+	return true
 }
 
 func (w *worker) handleDatagram(p *packet, pkt *netparse.Packet, res *netparse.Result) {
@@ -1021,7 +1110,9 @@ func (w *worker) result(r result) {
 		return
 	}
 	if r.tm != nil {
-		r.tm.result = time.Now()
+		if r.tm.result.IsZero() {
+			r.tm.result = time.Now()
+		}
 		e.tm = r.tm
 	}
 	switch r.verdict {

@@ -1,11 +1,11 @@
 package nfq
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"runtime/metrics"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/carbd/carbd/internal/testutil"
+	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/tcx/tcxtest"
 )
 
@@ -108,10 +109,40 @@ func histDelta(a, b *metrics.Float64Histogram, q float64) (time.Duration, uint64
 	return 0, n
 }
 
-// hop is one stage of the breakdown: a name and its durations.
-type hop struct {
+// releaseNow releases every effect at once: an InlineDecider, as a
+// policy-only decision is.
+type releaseNow struct{}
+
+func (releaseNow) Decide(context.Context, Meta, decide.Event) Outcome {
+	return Outcome{Verdict: Release}
+}
+func (releaseNow) DecideNow(Meta, decide.Event) (Outcome, bool) {
+	return Outcome{Verdict: Release}, true
+}
+
+// hopNames are the stages of BenchmarkFirstPacketHops' table.
+var hopNames = []string{
+	"round trip (connect, request, response)",
+	"SYN: kernel stamp → netlink read", "SYN: read → worker", "SYN: worker → verdict (parse, fast path)",
+	"SYN: verdict write", "SYN: kernel stamp → verdict written",
+	"SYN written → request's kernel stamp",
+	"request: kernel stamp → netlink read", "request: read → worker", "request: worker → submit (parse)",
+	"request: submit → Decide starts", "request: Decide", "request: Decide returns → worker",
+	"request: worker → verdict (settle, fast path)", "request: verdict write",
+	"request: kernel stamp → verdict written",
+	"loop total (SYN + request, stamp → written)",
+	"request written → response read",
+}
+
+// hopVariant is one way of running the loop in BenchmarkFirstPacketHops.
+type hopVariant struct {
 	name string
-	d    []time.Duration
+	topo *tcxtest.Topology
+	addr netip.AddrPort
+	mu   sync.Mutex
+	tms  []Timing
+	cl   []clientStamps
+	hops [][]time.Duration // by hopNames
 }
 
 // BenchmarkFirstPacketHops breaks the first-packet latency of a decided
@@ -120,126 +151,84 @@ type hop struct {
 // noting each queued packet's stages (the kernel's receive stamp, the
 // netlink read, the worker, the decision pool, the verdict write), and
 // the client noting its own; beside them the runtime's scheduling
-// latencies and GC pauses over the same time. The round trips without
-// carbd run in turns with them, on a second topology, as in
-// BenchmarkFirstPacketLatency, for the added latency. It logs the table
-// of docs/verdict-loop.md, "Where the first-packet latency goes".
+// latencies and GC pauses over the same time. Four topologies take turns
+// round trip by round trip (in a rotating order), so that all sample the
+// same moments of a loaded machine: without carbd (base), carbd with
+// every packet handed to its worker and every decision to the pool
+// (hand-off: the loop before its inline paths), carbd as it runs now
+// with a Decider that may block (inline: packets handled on the receive
+// goroutine when their worker is idle; carbd run's case), and with an
+// InlineDecider (inline+now: the decision too). It logs the table of
+// docs/verdict-loop.md, "Where the first-packet latency goes".
 func BenchmarkFirstPacketHops(b *testing.B) {
 	testutil.RequireRoot(b)
 	kernelTimestamps(b)
-	with, without := tcxtest.New(b), tcxtest.New(b)
-	addrWith := netip.AddrPortFrom(with.World4, 8210)
-	addrWithout := netip.AddrPortFrom(without.World4, 8210)
-	rrServer(b, with.World, addrWith)
-	rrServer(b, without.World, addrWithout)
-	var mu sync.Mutex
-	var tms []Timing
-	c := carbdUp(b, with, releaseAll, func(cfg *Config) {
-		cfg.Timing = func(t Timing) { mu.Lock(); tms = append(tms, t); mu.Unlock() }
-	})
-	const n = 1000
-	for i := 0; i < 20; i++ { // warm up
-		timedRoundTrip(b, without.Guest, addrWithout)
-		timedRoundTrip(b, with.Guest, addrWith)
+	vs := []*hopVariant{{name: "base"}, {name: "hand-off"}, {name: "inline"}, {name: "inline+now"}}
+	for i, v := range vs {
+		v.topo = tcxtest.New(b)
+		v.addr = netip.AddrPortFrom(v.topo.World4, 8210)
+		rrServer(b, v.topo.World, v.addr)
+		timing := func(t Timing) {
+			if t.Flow.DstPort == v.addr.Port() {
+				v.mu.Lock()
+				v.tms = append(v.tms, t)
+				v.mu.Unlock()
+			}
+		}
+		switch i {
+		case 1:
+			carbdUp(b, v.topo, releaseAll, func(c *Config) { c.Timing, c.handOff = timing, true })
+		case 2:
+			carbdUp(b, v.topo, releaseAll, func(c *Config) { c.Timing = timing })
+		case 3:
+			carbdUp(b, v.topo, releaseNow{}, func(c *Config) { c.Timing = timing })
+		}
 	}
-	mu.Lock()
-	tms = tms[:0]
-	mu.Unlock()
-	var base, cl []clientStamps
+	for range 20 { // warm up
+		for _, v := range vs {
+			timedRoundTrip(b, v.topo.Guest, v.addr)
+		}
+	}
+	for _, v := range vs {
+		v.mu.Lock()
+		v.tms = v.tms[:0]
+		v.mu.Unlock()
+	}
+	const n = 1000
 	m0 := schedSample()
 	b.ResetTimer()
 	for i := 0; i < max(b.N, 2); i++ {
 		for k := 0; k < n; k++ {
-			if k%2 == 0 {
-				base = append(base, timedRoundTrip(b, without.Guest, addrWithout))
-				cl = append(cl, timedRoundTrip(b, with.Guest, addrWith))
-			} else {
-				cl = append(cl, timedRoundTrip(b, with.Guest, addrWith))
-				base = append(base, timedRoundTrip(b, without.Guest, addrWithout))
+			for j := range vs {
+				v := vs[(k+j)%len(vs)]
+				v.cl = append(v.cl, timedRoundTrip(b, v.topo.Guest, v.addr))
 			}
 		}
 	}
 	b.StopTimer()
 	m1 := schedSample()
-	c.down()
-
-	syn, req := map[uint16]Timing{}, map[uint16]Timing{}
-	mu.Lock()
-	for _, t := range tms {
-		switch {
-		case t.Flow.DstPort != addrWith.Port():
-		case t.TCPFlags&tcpSYN != 0:
-			syn[t.Flow.SrcPort] = t
-		case t.Payload > 0:
-			req[t.Flow.SrcPort] = t
+	for _, v := range vs {
+		if err := v.breakdown(); err != nil {
+			b.Fatal(err)
 		}
-	}
-	mu.Unlock()
-	hops := []*hop{
-		{name: "round trip without carbd"}, {name: "round trip with carbd"},
-		{name: "SYN: kernel stamp → netlink read"}, {name: "SYN: read → worker"}, {name: "SYN: worker → verdict (parse, fast path)"},
-		{name: "SYN: verdict write"}, {name: "SYN: kernel stamp → verdict written"},
-		{name: "SYN written → request's kernel stamp"},
-		{name: "request: kernel stamp → netlink read"}, {name: "request: read → worker"}, {name: "request: worker → submit (parse)"},
-		{name: "request: submit → Decide starts"}, {name: "request: Decide"}, {name: "request: Decide returns → worker"},
-		{name: "request: worker → verdict (settle, fast path)"}, {name: "request: verdict write"},
-		{name: "request: kernel stamp → verdict written"},
-		{name: "loop total (SYN + request, stamp → written)"},
-		{name: "request written → response read"},
-	}
-	add := func(i int, from, to time.Time) {
-		if !from.IsZero() && !to.IsZero() {
-			hops[i].d = append(hops[i].d, to.Sub(from))
-		}
-	}
-	for _, s := range base {
-		add(0, s.start, s.done)
-	}
-	missing := 0
-	for _, s := range cl {
-		add(1, s.start, s.done)
-		y, ok1 := syn[s.port]
-		r, ok2 := req[s.port]
-		if !ok1 || !ok2 || y.Kernel.IsZero() || r.Kernel.IsZero() {
-			missing++
-			continue
-		}
-		add(2, y.Kernel, y.Read)
-		add(3, y.Read, y.Worker)
-		add(4, y.Worker, y.Verdict)
-		add(5, y.Verdict, y.Written)
-		add(6, y.Kernel, y.Written)
-		add(7, y.Written, r.Kernel)
-		add(8, r.Kernel, r.Read)
-		add(9, r.Read, r.Worker)
-		if !r.Submit.IsZero() {
-			add(10, r.Worker, r.Submit)
-			add(11, r.Submit, r.DecideStart)
-			add(13, r.DecideEnd, r.Result)
-			add(14, r.Result, r.Verdict)
-		} else { // decided inline on the worker
-			add(10, r.Worker, r.DecideStart)
-			add(14, r.DecideEnd, r.Verdict)
-		}
-		add(12, r.DecideStart, r.DecideEnd)
-		add(15, r.Verdict, r.Written)
-		add(16, r.Kernel, r.Written)
-		hops[17].d = append(hops[17].d, y.Written.Sub(y.Kernel)+r.Written.Sub(r.Kernel))
-		add(18, s.sent, s.done)
-	}
-	if missing > len(cl)/10 {
-		b.Fatalf("%d of %d round trips without both timings (kernel stamps: %v)", missing, len(cl), len(tms) > 0 && !tms[0].Kernel.IsZero())
 	}
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 	var tab strings.Builder
-	fmt.Fprintf(&tab, "%d round trips each (%d without both timings)\n| stage | p50 µs | p90 µs | p99 µs |\n|---|---|---|---|\n", len(cl), missing)
-	for _, h := range hops {
-		if len(h.d) == 0 {
-			continue
+	fmt.Fprintf(&tab, "%d round trips each\n| stage, µs p50 / p99 |", len(vs[0].cl))
+	for _, v := range vs {
+		fmt.Fprintf(&tab, " %s |", v.name)
+	}
+	tab.WriteString("\n|---|" + strings.Repeat("---|", len(vs)) + "\n")
+	for h, name := range hopNames {
+		fmt.Fprintf(&tab, "| %s |", name)
+		for _, v := range vs {
+			if d := v.hops[h]; len(d) > 0 {
+				fmt.Fprintf(&tab, " %.1f / %.1f |", us(quantile(d, .5)), us(quantile(d, .99)))
+			} else {
+				tab.WriteString(" |")
+			}
 		}
-		slices.Sort(h.d)
-		q := func(x float64) time.Duration { return h.d[min(len(h.d)-1, int(x*float64(len(h.d))))] }
-		fmt.Fprintf(&tab, "| %s | %.1f | %.1f | %.1f |\n", h.name, us(q(.5)), us(q(.9)), us(q(.99)))
+		tab.WriteString("\n")
 	}
 	lat0, lat1 := m0[0].Value.Float64Histogram(), m1[0].Value.Float64Histogram()
 	l50, nl := histDelta(lat0, lat1, .5)
@@ -247,11 +236,68 @@ func BenchmarkFirstPacketHops(b *testing.B) {
 	p0, p1 := m0[1].Value.Float64Histogram(), m1[1].Value.Float64Histogram()
 	g50, ng := histDelta(p0, p1, .5)
 	g99, _ := histDelta(p0, p1, .99)
-	fmt.Fprintf(&tab, "runtime: %d goroutine wake-ups, runnable→running p50 ≤ %.1f µs, p99 ≤ %.1f µs; %d GC cycles, %d stop-the-world pauses p50 ≤ %.1f µs, p99 ≤ %.1f µs\n",
+	fmt.Fprintf(&tab, "runtime (the whole process: loops, clients, servers): %d goroutine wake-ups, runnable → running p50 ≤ %.1f µs, p99 ≤ %.1f µs; %d GC cycles, %d stop-the-world pauses p50 ≤ %.1f µs, p99 ≤ %.1f µs\n",
 		nl, us(l50), us(l99), m1[2].Value.Uint64()-m0[2].Value.Uint64(), ng, us(g50), us(g99))
 	b.Log("\n" + tab.String())
-	b.ReportMetric(us(quantile(hops[1].d, .5)-quantile(hops[0].d, .5)), "added-p50-µs")
-	b.ReportMetric(us(quantile(hops[1].d, .99)-quantile(hops[0].d, .99)), "added-p99-µs")
-	b.ReportMetric(us(quantile(hops[17].d, .5)), "loop-p50-µs")
-	b.ReportMetric(us(quantile(hops[17].d, .99)), "loop-p99-µs")
+	base := vs[0].hops[0]
+	for _, v := range vs[1:] {
+		b.ReportMetric(us(quantile(v.hops[0], .5)-quantile(base, .5)), v.name+"-added-p50-µs")
+		b.ReportMetric(us(quantile(v.hops[0], .99)-quantile(base, .99)), v.name+"-added-p99-µs")
+	}
+}
+
+// breakdown matches the loop's timings with the client's round trips by
+// the client's port and fills v.hops.
+func (v *hopVariant) breakdown() error {
+	v.hops = make([][]time.Duration, len(hopNames))
+	add := func(i int, from, to time.Time) {
+		if !from.IsZero() && !to.IsZero() {
+			v.hops[i] = append(v.hops[i], to.Sub(from))
+		}
+	}
+	for _, s := range v.cl {
+		add(0, s.start, s.done)
+	}
+	if len(v.tms) == 0 { // base: no loop
+		return nil
+	}
+	syn, req := map[uint16]Timing{}, map[uint16]Timing{}
+	for _, t := range v.tms {
+		switch {
+		case t.TCPFlags&tcpSYN != 0:
+			syn[t.Flow.SrcPort] = t
+		case t.Payload > 0:
+			req[t.Flow.SrcPort] = t
+		}
+	}
+	missing := 0
+	for _, s := range v.cl {
+		y, ok1 := syn[s.port]
+		r, ok2 := req[s.port]
+		if !ok1 || !ok2 || y.Kernel.IsZero() || r.Kernel.IsZero() {
+			missing++
+			continue
+		}
+		add(1, y.Kernel, y.Read)
+		add(2, y.Read, y.Worker)
+		add(3, y.Worker, y.Verdict)
+		add(4, y.Verdict, y.Written)
+		add(5, y.Kernel, y.Written)
+		add(6, y.Written, r.Kernel)
+		add(7, r.Kernel, r.Read)
+		add(8, r.Read, r.Worker)
+		add(9, r.Worker, r.Submit)
+		add(10, r.Submit, r.DecideStart)
+		add(11, r.DecideStart, r.DecideEnd)
+		add(12, r.DecideEnd, r.Result)
+		add(13, r.Result, r.Verdict)
+		add(14, r.Verdict, r.Written)
+		add(15, r.Kernel, r.Written)
+		v.hops[16] = append(v.hops[16], y.Written.Sub(y.Kernel)+r.Written.Sub(r.Kernel))
+		add(17, s.sent, s.done)
+	}
+	if missing > len(v.cl)/10 {
+		return fmt.Errorf("%s: %d of %d round trips without both timings (kernel stamps: %v)", v.name, missing, len(v.cl), len(v.tms) > 0 && !v.tms[0].Kernel.IsZero())
+	}
+	return nil
 }

@@ -91,6 +91,23 @@ type Decider interface {
 	Decide(ctx context.Context, m Meta, ev decide.Event) Outcome
 }
 
+// InlineDecider is a Decider that can decide some effects at once,
+// without anything that waits: policy alone, no oracle, no lock held by
+// a decision that waits. The loop asks DecideNow first, on the goroutine
+// that handles the packet, and hands the effect to the decision pool
+// (Decide) only when DecideNow declines: a decision that needs nothing
+// costs no goroutine hand-off to the pool and back, and a question to a
+// person still never stalls the packet path.
+type InlineDecider interface {
+	Decider
+	// DecideNow decides ev and returns true when it can without
+	// blocking; it returns false, having changed nothing, when the
+	// decision may wait (then Decide is called on the pool). Its Outcome
+	// means what Decide's does. It must be safe for concurrent use and
+	// must never block; a panic refuses the effect.
+	DecideNow(m Meta, ev decide.Event) (Outcome, bool)
+}
+
 // DeciderFunc adapts a function to Decider.
 type DeciderFunc func(ctx context.Context, m Meta, ev decide.Event) Outcome
 
@@ -243,6 +260,11 @@ type Config struct {
 	// quick. For measurements (the first-packet latency breakdown); nil
 	// in production.
 	Timing func(Timing)
+
+	// handOff (tests and benchmarks only): every packet goes through its
+	// worker's channel and every decision through the pool, as before the
+	// inline paths, for same-run comparisons.
+	handOff bool
 }
 
 // DefaultDNSClientWindow is Config.DNSClientWindow's default.
