@@ -16,6 +16,9 @@ import (
 //   - a URL or host name: the same location written with or without a
 //     scheme ("http://", "https://"), a trailing "/" or a leading "www."
 //     (urlForms);
+//   - a selector that is a decimal number (a record picked by its
+//     amount): the same number with or without trailing zeros after
+//     its point ("10.0" for "10.00");
 //   - a control value holding dates (a booking's day, an event's start):
 //     every calendar date in it is a date of T, written in any common form
 //     ("2025-01-11", "January 11th, 2025", "the 11th of January"; a date
@@ -59,7 +62,54 @@ func (e *Engine) derivableOne(role Role, x string) bool {
 	if role == RoleControl {
 		return e.datesDerivable(x)
 	}
+	if role == RoleSelector {
+		for _, f := range amountForms(x) {
+			if e.trusted.Contains(f) {
+				return true
+			}
+		}
+	}
 	return false
+}
+
+// amountForms returns the other ways of writing the decimal number x
+// with or without trailing zeros after its point ("10.0" for "10.00" or
+// "10"), when x is one: digits, optionally a point and up to two more.
+// It returns nil for anything else. A selector that picks a record by
+// an amount the user named ("refund that 10.00") reads the record's
+// amount as the platform writes it (10.0).
+func amountForms(x string) []string {
+	v := strings.TrimSpace(x)
+	whole, frac, dot := strings.Cut(v, ".")
+	if whole == "" || len(whole) > 15 || len(frac) > 2 || dot && frac == "" || !allDigits(whole) || !allDigits(frac) {
+		return nil
+	}
+	frac = strings.TrimRight(frac, "0")
+	var forms []string
+	switch len(frac) {
+	case 0:
+		forms = []string{whole, whole + ".0", whole + ".00"}
+	case 1:
+		forms = []string{whole + "." + frac, whole + "." + frac + "0"}
+	default:
+		return nil // written one way only
+	}
+	out := forms[:0]
+	for _, f := range forms {
+		if f != v {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func isListValue(x string) bool { return strings.ContainsAny(x, "\n,;") }

@@ -133,6 +133,12 @@ fields:
     where: {sender: {values: [me]}}
     trust: trusted
     reason: the account the user's own transfer went to
+  - name: named-incoming-senders
+    objects: ["tool:get_history"]
+    path: sender
+    where: {recipient: {values: [me]}, amount: trusted}
+    trust: trusted
+    reason: the account a transfer to the user came from, in the transfer she named by its amount
   - name: named-file-ids
     objects: ["tool:list_files", "tool:get_file"]
     path: id_
@@ -226,7 +232,8 @@ func TestFieldTrustRecordSelector(t *testing.T) {
 	}{
 		// The recipient of the user's own transfer: the bank wrote it.
 		{"own transfer's recipient", "CH9300762011623852957", Release, Defer},
-		// The sender of an incoming transfer chose to appear there.
+		// The sender of an incoming transfer the user did not name: a
+		// third party chose to appear there.
 		{"incoming transfer's sender", "GB29NWBK60161331926819", Defer, Defer},
 		// An IBAN in the subject is third-party text.
 		{"IBAN in a subject", "FR7630006000011234567890189", Defer, Defer},
@@ -239,6 +246,28 @@ func TestFieldTrustRecordSelector(t *testing.T) {
 			}
 			d := e.Propose(context.Background(), pay(c.recipient)).Decision
 			if d.Verdict != want {
+				t.Errorf("%s (ablated %v): %v (%s), want %v", c.name, off, d.Verdict, d.Justification, want)
+			}
+		}
+	}
+	// The account an incoming transfer came from, in the transfer the
+	// user named by its amount (the history writes 10.0): the bank
+	// recorded the paying account. Its subject stays third-party text.
+	const refund = "Refund the 10.00 I just got from my friend."
+	for _, c := range []struct {
+		name, recipient string
+		on, off         Verdict
+	}{
+		{"named incoming transfer's sender", "GB29NWBK60161331926819", Release, Defer},
+		{"IBAN in its subject", "FR7630006000011234567890189", Defer, Defer},
+	} {
+		for _, off := range []bool{false, true} {
+			e := fieldsEngine(t, off, refund, toolRead("get_history", fieldsHistory))
+			want := c.on
+			if off {
+				want = c.off
+			}
+			if d := e.Propose(context.Background(), pay(c.recipient)).Decision; d.Verdict != want {
 				t.Errorf("%s (ablated %v): %v (%s), want %v", c.name, off, d.Verdict, d.Justification, want)
 			}
 		}

@@ -103,7 +103,7 @@ func TestEmbeddedTargets(t *testing.T) {
 
 func TestDerivableForms(t *testing.T) {
 	e := New(mustPolicy(t, messagePolicy), Options{})
-	e.Task("Visit www.dora-website.com and https://example.org/docs/ then pay Roberta")
+	e.Task("Visit www.dora-website.com and https://example.org/docs/ then pay Roberta, refund the 10.00 and the 2.5 and 1,250.00")
 	for _, c := range []struct {
 		role Role
 		v    string
@@ -121,6 +121,20 @@ func TestDerivableForms(t *testing.T) {
 		{RoleTarget, "Bob", false}, // shorter than a word: not extracted
 		{RoleTarget, "Roberta\nwww.dora-website.com", true},
 		{RoleTarget, "Roberta\nEvelyn", false},
+		// A record picked by an amount the user named, as the platform
+		// writes it; only a selector, and only the same number.
+		{RoleSelector, "10.0", true},
+		{RoleSelector, "10", true},
+		{RoleSelector, "10.00", true},
+		{RoleSelector, "2.50", true},
+		{RoleSelector, "2.5", true},
+		{RoleSelector, "10.01", false},
+		{RoleSelector, "100", false},
+		{RoleSelector, "1.0", false},
+		{RoleSelector, "10.", false},
+		{RoleSelector, "1250.0", false}, // a thousands separator is another writing, not traced
+		{RoleTarget, "10.0", false},
+		{RoleControl, "10.0", false},
 	} {
 		if got := e.derivableAs(c.role, c.v); got != c.want {
 			t.Errorf("derivableAs(%v, %q) = %v, want %v", c.role, c.v, got, c.want)
