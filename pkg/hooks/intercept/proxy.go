@@ -135,8 +135,13 @@ type Config struct {
 // Proxy terminates intercepted TLS connections and relays the HTTP
 // requests its Decider releases. It is safe for concurrent use.
 type Proxy struct {
-	cfg          Config
-	roots        *x509.CertPool
+	cfg Config
+	// roots is the upstream trust, built on first use: the host's roots
+	// take tens of milliseconds of CPU to parse, which a sandbox that
+	// never makes an intercepted connection should not pay at start.
+	// Handle starts building it as a connection arrives, so that it
+	// overlaps the client's handshake and the decision.
+	roots        func() (*x509.CertPool, error)
 	log          *slog.Logger
 	clientKeyLog io.Writer // KeyLog and ClientKeyLog
 	// sessions keeps the upstream servers' TLS session tickets, so that
@@ -170,25 +175,36 @@ func New(cfg Config) (*Proxy, error) {
 		d := &net.Dialer{}
 		cfg.Dial = d.DialContext
 	}
-	roots := cfg.RootCAs
-	if roots == nil {
-		sys, err := x509.SystemCertPool()
-		if err != nil {
-			return nil, fmt.Errorf("intercept: host roots: %w", err)
-		}
-		roots = sys
-	} else {
-		roots = roots.Clone()
-	}
+	// The upstream CA files are read and checked now (a mistake is a
+	// configuration error); the pool they join is built on first use.
+	var extra [][]byte
 	for _, f := range cfg.UpstreamCAFiles {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("intercept: upstream ca: %w", err)
 		}
-		if !roots.AppendCertsFromPEM(b) {
+		if !x509.NewCertPool().AppendCertsFromPEM(b) {
 			return nil, fmt.Errorf("intercept: upstream ca %s: no PEM certificate", f)
 		}
+		extra = append(extra, b)
 	}
+	base := cfg.RootCAs
+	roots := sync.OnceValues(func() (*x509.CertPool, error) {
+		roots := base
+		if roots == nil {
+			sys, err := x509.SystemCertPool()
+			if err != nil {
+				return nil, fmt.Errorf("intercept: host roots: %w", err)
+			}
+			roots = sys
+		} else {
+			roots = roots.Clone()
+		}
+		for _, b := range extra {
+			roots.AppendCertsFromPEM(b)
+		}
+		return roots, nil
+	})
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -280,6 +296,9 @@ func (p *Proxy) Handle(ctx context.Context, clientConn net.Conn, origDst netip.A
 	defer clientConn.Close()
 	stop := context.AfterFunc(ctx, func() { clientConn.Close() })
 	defer stop()
+	// The upstream trust is needed once the request is decided: build
+	// it (once per proxy) while the client's handshake goes on.
+	go func() { _, _ = p.roots() }()
 	cl, _ := addrPort(clientConn.RemoteAddr())
 	c := &conn{p: p, client: cl, dst: origDst}
 	defer func() {
@@ -368,9 +387,15 @@ func (c *conn) dialUpstream(ctx context.Context, name string) {
 		c.upErr = fmt.Errorf("intercept: upstream %s: %w", c.dst, err)
 		return
 	}
+	roots, err := c.p.roots()
+	if err != nil {
+		raw.Close()
+		c.upErr = err
+		return
+	}
 	up := tls.Client(raw, &tls.Config{
 		ServerName:   name,
-		RootCAs:      c.p.roots,
+		RootCAs:      roots,
 		NextProtos:   c.offered,
 		MinVersion:   tls.VersionTLS12,
 		KeyLogWriter: c.p.cfg.KeyLog,
