@@ -567,6 +567,14 @@ func scenario(b *testing.B, n, held int, bin, policyPath, dir string, served *at
 			if first.IsZero() || t.Before(first) {
 				first = t
 			}
+			if d := os.Getenv("CARBD_SCALE_LOG"); d != "" {
+				// As BenchmarkStartWhileRunning: each start's times
+				// and log, for a profiling build's start-up marks.
+				log := fmt.Sprintf("started %d exec %d\n%s", r.start.UnixNano(), t.UnixNano(), r.out.String())
+				if err := os.WriteFile(filepath.Join(d, r.id+".log"), []byte(log), 0o644); err != nil {
+					b.Error(err)
+				}
+			}
 		}
 		f.waitAll(f.runs, 5*time.Minute, "the end of the agent loop", func(r *run) bool { _, ok := f.stamp(r, "loopdone"); return ok })
 		last := time.Time{}
