@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/carbd/carbd/pkg/decide"
@@ -36,6 +37,10 @@ type fileChannel struct {
 	cg     *fileev.Cgroup
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	// readGen is the read generation shared with the TC program
+	// (revoke.go); set before tracing starts.
+	readGen *ebpf.Map
 
 	mu           sync.Mutex // guards the fields below
 	changes      uint64     // traced changes (outgoing file events)
@@ -132,7 +137,7 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 		return ""
 	}
 	fc.cg = cg
-	tr, err := fileev.New(fileev.Config{Root: fc.merged, RingBytes: fc.d.cfg.FileRingBytes})
+	tr, err := fileev.New(fileev.Config{Root: fc.merged, RingBytes: fc.d.cfg.FileRingBytes, ReadGen: fc.readGen})
 	if err != nil {
 		fc.d.log.Warn("file tracing off: every sensitive file counts as read", "err", err)
 		fc.assumeSensitiveRead(nil)

@@ -147,6 +147,9 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 	}
 	tcfg := tcx.Config{SandboxID: d.cfg.ID, Ifname: plan.HostIf}
 	_ = tcx.Remove(tcfg)
+	if tcfg.ReadGen, err = d.shareReadGen(nc); err != nil {
+		return nil, err
+	}
 	nc.rules = nfrules.Config{SandboxID: d.cfg.ID, Iface: plan.HostIf, QueueNum: plan.Queue}
 	nc.installRules()
 
@@ -311,7 +314,7 @@ func (nc *netChannel) hooks(ctx context.Context, tcfg tcx.Config) error {
 	// oracle answers (a person may take minutes): the workers are many, so
 	// open questions never stall the other effects' decisions (DNS
 	// included). Each waiting one is a parked goroutine.
-	loop, err := nfq.New(nfq.Config{QueueNum: nc.plan.Queue, MaxQueueLen: 4096, Decider: nc, Datapath: dp,
+	loop, err := nfq.New(nfq.Config{QueueNum: nc.plan.Queue, MaxQueueLen: 4096, Decider: nc, Datapath: dp, Recheck: true,
 		DecideWorkers: decideWorkers, HoldTimeout: hold, DNSRefusal: true, Logger: d.log.With("channel", "net"), ClientGone: d.clientGone})
 	if err != nil {
 		return err
@@ -438,6 +441,9 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 	if nc.d.sup.Err() != nil {
 		return nfq.Outcome{Verdict: nfq.Refuse, Reason: codeComponentFailed}
 	}
+	if m.Recheck {
+		return nc.recheck(ctx, m) // revoke.go
+	}
 	// A connection redirected to the interception is decided there:
 	// the connection by its server name, then each request.
 	if nc.icpt.handles(m.Flow.Dst, m.Flow.DstPort, m.Flow.Proto) {
@@ -487,6 +493,9 @@ func (nc *netChannel) Decide(ctx context.Context, m nfq.Meta, ev decide.Event) n
 		nc.d.log.Warn("refused without a decision: the file trace could not be brought up to date", "effect", nc.d.engine.Policy().Redact(ev.Summary()), "err", err)
 		return nfq.Outcome{Verdict: nfq.Refuse, Reason: "tracing-sync"}
 	}
+	// What the agent has read, before the decision: a release to the
+	// end of the flow stands while it stays so (revoke.go).
+	nc.d.open.noteLevel(m.Flow, nc.d.engine.ReadLevel())
 	ctx, done := nc.whileClientWaits(ctx, m.Flow)
 	defer done()
 	res := nc.d.engine.Propose(ctx, ev)

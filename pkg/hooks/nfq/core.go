@@ -464,6 +464,7 @@ type flowState struct {
 	hasRange  bool
 	open      bool
 	openEv    *decide.Event // the effect that opened it, for Revoke
+	stamp     genStamp      // the read generation open was released at (Config.Recheck)
 	redecide  bool
 	refused   bool
 	synSeen   bool
@@ -498,6 +499,8 @@ type effect struct {
 	reason      Reason
 	headOnly    bool      // an HTTP head whose body follows as other effects
 	part        bool      // a part of a body, made by the loop (see PartAfter)
+	stamp       genStamp  // the read generation before it was decided (Config.Recheck)
+	recheck     *Meta     // a Meta.Recheck question, not a decision (recheck.go)
 	submitted   time.Time // when it went to the decider
 	// cancel ends the context of the effect's decision (see clientGone);
 	// gone: its client was found gone already.
@@ -854,6 +857,7 @@ func (w *worker) handleTCP(p *packet, pkt *netparse.Packet, f *flowState, res *n
 		}
 		f.hasRST = p.hasHW && pkt.Flags&netparse.FlagACK != 0
 	}
+	var recheck bool // the agent read since f was released to its end
 	switch res.Action {
 	case netparse.Refuse:
 		w.drop(p, DropParser)
@@ -890,6 +894,9 @@ func (w *worker) handleTCP(p *packet, pkt *netparse.Packet, f *flowState, res *n
 		if len(f.pending) == 0 && len(f.held) == 0 {
 			if f.redecide && f.openEv != nil {
 				break // decided again below
+			}
+			if recheck = w.readSince(f, len(pkt.Payload) > 0); recheck {
+				break // asked again below
 			}
 			if f.open || f.hasRange && seqLE(p.end, f.decidedTo) {
 				w.accept(p, AcceptCovered)
@@ -930,6 +937,9 @@ func (w *worker) handleTCP(p *packet, pkt *netparse.Packet, f *flowState, res *n
 		w.holding[f] = struct{}{}
 		w.submit(e, Meta{Flow: f.key, Kind: netparse.KindTCPOpaque, Span: netparse.SpanOpen, Seq: p.seq, Time: p.time, Local: p.local, Redecide: true})
 	}
+	if recheck && len(f.pending) == 0 {
+		w.startRecheck(f, p)
+	}
 	w.submitTCP(f, res, p.local)
 	w.settle(f)
 }
@@ -958,6 +968,7 @@ func (w *worker) submitStream(f *flowState, e *netparse.Effect, local bool) {
 // submit hands an effect to the decision pool; when the pool's queue is
 // full the effect is refused at once.
 func (w *worker) submit(e *effect, m Meta) {
+	w.readStamp(e)
 	w.nextID++
 	e.id = w.nextID
 	w.effects[e.id] = e
@@ -1035,13 +1046,15 @@ func (w *worker) handleDatagram(p *packet, pkt *netparse.Packet, res *netparse.R
 	}
 	e := &res.Effects[0]
 	key := datagramKey(pkt)
-	flowVerdict := false
+	flowVerdict, recheck := false, false
 	if pkt.Proto == netparse.ProtoUDP && e.Kind != netparse.KindDNS {
 		quic := e.Kind == netparse.KindQUIC || errors.Is(e.Opaque, netparse.ErrOpaqueQUIC)
 		flowVerdict = quic || w.c.cfg.ReleaseUDPFlows
 		if f := w.flows[key]; f != nil && f.open && !f.redecide && !pkt.Reassembled {
-			w.accept(p, AcceptCovered)
-			return
+			if recheck = w.readSince(f, true); !recheck {
+				w.accept(p, AcceptCovered)
+				return
+			}
 		}
 	}
 	if p.gso && pkt.Proto == netparse.ProtoUDP && (e.Kind == netparse.KindDNS || e.Kind == netparse.KindUDP) {
@@ -1067,7 +1080,11 @@ func (w *worker) handleDatagram(p *packet, pkt *netparse.Packet, res *netparse.R
 		de.flow = f
 	}
 	w.dgq[key] = append(w.dgq[key], de)
-	w.submit(de, Meta{Flow: key, Kind: e.Kind, Span: e.Span, Time: e.Time, Local: p.local})
+	m := Meta{Flow: key, Kind: e.Kind, Span: e.Span, Time: e.Time, Local: p.local}
+	if recheck && de.flow != nil {
+		m = asRecheck(de, m)
+	}
+	w.submit(de, m)
 }
 
 // errUDPSuperPacket is why a UDP packet queued whole as a GSO packet is
@@ -1123,6 +1140,10 @@ func (w *worker) result(r result) {
 		w.c.released.Add(1)
 		w.finish(e, Release, r.reason)
 	default:
+		if e.recheck != nil {
+			w.recheckFailed(e)
+			return
+		}
 		w.c.refused.Add(1)
 		w.finish(e, Refuse, r.reason)
 	}
@@ -1170,10 +1191,8 @@ func (w *worker) applyDatagram(e *effect) {
 	if f := e.flow; f != nil && e.flowVerdict {
 		switch {
 		case accept:
-			f.open, f.openEv = true, e.ev
-			if w.c.dp != nil {
-				w.c.dpErr("release", f.key, w.c.dp.Release(f.key, 0))
-			}
+			f.open, f.openEv, f.stamp = true, e.ev, e.stamp
+			w.releaseOpen(f)
 		case e.ev.Op == "quic:initial" || errors.Is(errOpaque(e.ev), netparse.ErrOpaqueQUIC):
 			f.refused = true
 			if w.c.dp != nil {
@@ -1251,7 +1270,7 @@ func (w *worker) settle(f *flowState) {
 				f.decidedTo, f.hasRange = e.end, true
 			}
 		default: // open, flow: the rest of the connection
-			f.open, f.openEv = true, e.ev
+			f.open, f.openEv, f.stamp = true, e.ev, e.stamp
 		}
 		switch {
 		case e.headOnly:
@@ -1273,7 +1292,7 @@ func (w *worker) settle(f *flowState) {
 	// (ACKs, retransmissions) no longer needs the queue.
 	if changed && w.c.dp != nil {
 		if f.open {
-			w.c.dpErr("release-flow", f.key, w.c.dp.ReleaseFlow(f.key))
+			w.releaseOpen(f)
 		} else {
 			w.c.dpErr("release", f.key, w.c.dp.Release(f.key, f.decidedTo))
 		}

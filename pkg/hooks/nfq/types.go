@@ -80,6 +80,13 @@ type Meta struct {
 	Local bool
 	// Redecide: a released opaque flow being decided again after Revoke.
 	Redecide bool
+	// Recheck: not a decision but a question (Config.Recheck): the agent
+	// read again since this flow was released to its end; does its
+	// release still stand? Release: it does (the flow is released again
+	// at the current read generation); Refuse: the flow is decided again
+	// (Redecide), not refused. The answer needs the file tracer brought up
+	// to date, which waits: an InlineDecider declines it in DecideNow.
+	Recheck bool
 }
 
 // Decider decides effects; the daemon implements it over the engine
@@ -221,6 +228,15 @@ type Config struct {
 	// and is decided on its own. (QUIC flows are released whole after
 	// their Initial; DNS is always decided per query.)
 	ReleaseUDPFlows bool
+	// Recheck: a flow released to its end (an opaque stream, a QUIC
+	// flow) is released at the fast path's read generation, read before
+	// its decision (a Datapath with read generations: tcx's
+	// ReleaseFlowAt). A packet with data that reaches the loop after the
+	// generation moved (the agent read again) is held and the Decider is
+	// asked again with Meta.Recheck set, before anything more of the flow
+	// passes. Without it (or without such a Datapath) those flows pass
+	// until RevokeOpen.
+	Recheck bool
 	// NoReject: do not answer the client of a refused TCP flow with a
 	// RST, nor that of a refused UDP datagram with an ICMP
 	// "administratively prohibited" error (then they wait for their own
