@@ -15,11 +15,10 @@ import (
 // not intercepted: the flow is opaque, decided by its server name and
 // released to its end), sends two requests on it, reads the private key,
 // and sends a third: the connection is decided again at its next packet
-// and refused, since opaque content may carry what the agent read. A
-// The agent pauses after the read: carbd learns of reads from its file
-// tracer, asynchronously, so a send racing the tracer's delivery is not
-// what this test covers (docs/verdict-loop.md, "Opaque flows after a
-// read").
+// and refused, since opaque content may carry what the agent read. The
+// agent pauses after the read, so the read is delivered before the
+// send (RevokeOpen); TestOpaqueFlowReadRace sends with no pause (the read
+// generation).
 const revokeScript = `set -u
 python3 -c '
 import ssl, http.client, sys
