@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -321,6 +322,11 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if err := d.setup(ctx); err != nil {
 		return nil, err
 	}
+	// The start-up's peak (the kernel's BTF decoded for the file
+	// tracer's programs, above all) is garbage now, and the runtime
+	// would keep its pages for minutes: hand them back, so that an idle
+	// sandbox costs its live heap, not its start's peak (docs/scale.md).
+	go debug.FreeOSMemory()
 	if h := cfg.hooks; h != nil && h.started != nil {
 		h.started(d)
 	}
