@@ -30,6 +30,17 @@ func BenchmarkProgram(b *testing.B) {
 	if err := h.d.Refuse(key(ProtoUDP, g4, w4, 5000, 9999)); err != nil {
 		b.Fatal(err)
 	}
+	// Released to their end: without a read generation, at the current
+	// one (0: the harness's own map), at an older one.
+	if err := h.d.ReleaseFlow(key(ProtoTCP, g4, w4, 40010, 80)); err != nil {
+		b.Fatal(err)
+	}
+	if err := h.d.ReleaseFlowAt(key(ProtoTCP, g4, w4, 40011, 80), 0); err != nil {
+		b.Fatal(err)
+	}
+	if err := h.d.ReleaseFlowAt(key(ProtoTCP, g4, w4, 40012, 80), 5); err != nil {
+		b.Fatal(err)
+	}
 	for _, bc := range []struct {
 		name  string
 		frame []byte
@@ -37,6 +48,9 @@ func BenchmarkProgram(b *testing.B) {
 	}{
 		{"tcp4-released-1400B", ether(ethIPv4, ipv4(6, g4, w4, tcp(40000, 80, 1000, tcpACK, bytesN(1400)))), PassFast},
 		{"tcp6-released-ext-hdrs", ether(ethIPv6, ipv6(0, g6, w6, 64, ext6(60, 0, ext6(6, 0, tcp(40000, 443, 1000, tcpACK, bytesN(1400)))))), PassFast},
+		{"tcp4-released-flow-1400B", ether(ethIPv4, ipv4(6, g4, w4, tcp(40010, 80, 1000, tcpACK, bytesN(1400)))), PassFast},
+		{"tcp4-released-at-gen-1400B", ether(ethIPv4, ipv4(6, g4, w4, tcp(40011, 80, 1000, tcpACK, bytesN(1400)))), PassFast},
+		{"tcp4-read-since-1400B", ether(ethIPv4, ipv4(6, g4, w4, tcp(40012, 80, 1000, tcpACK, bytesN(1400)))), QueueRead},
 		{"tcp4-undecided-syn", ether(ethIPv4, ipv4(6, g4, w4, tcp(40001, 80, 1, tcpSYN, nil))), QueueUndecided},
 		{"udp4-refused", ether(ethIPv4, ipv4(17, g4, w4, udp(5000, 9999, bytesN(100)))), DropRefused},
 		{"arp", ether(ethARP, arp()), PassLinkLocal},

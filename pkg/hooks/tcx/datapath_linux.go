@@ -588,6 +588,12 @@ func (d *Datapath) Generation() (uint64, error) {
 	return readGeneration(d.objs.readGen)
 }
 
+// ReadGen is the read generation map the program compares against: the
+// one of Config.ReadGen, or the pinned one an adopter found, to hand to
+// the file tracer (pkg/hooks/fileev Config.ReadGen). The Datapath owns
+// it: it is closed with the Datapath.
+func (d *Datapath) ReadGen() *ebpf.Map { return d.objs.readGen }
+
 func readGeneration(m *ebpf.Map) (uint64, error) {
 	var g uint64
 	if err := m.Lookup(uint32(0), &g); err != nil {
