@@ -44,8 +44,9 @@
 // byte on the world's wire and a released one arrives intact; holds,
 // timeouts, kill -9 of a child process running the loop, a flood beyond
 // the queue's length, shutdown and worker panics. Benchmarks measure
-// throughput, first-packet latency, decisions per second, the memory of
-// 10,000 held flows and the receive buffer a burst needs. The offload
+// throughput, first-packet latency (and, with Config.Timing, where it
+// goes, stage by stage), decisions per second, the memory of 10,000
+// held flows and the receive buffer a burst needs. The offload
 // tests put the guest behind vnet-header taps as Cloud Hypervisor's
 // virtio-net does (TSO/USO super-packets with partial checksums, UFO),
 // with the queue's GSO flag off and on (docs/network.md, "Tap offloads"). FuzzPeek and

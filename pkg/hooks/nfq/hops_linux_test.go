@@ -3,9 +3,11 @@ package nfq
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"runtime/metrics"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -120,19 +122,26 @@ func (releaseNow) DecideNow(Meta, decide.Event) (Outcome, bool) {
 	return Outcome{Verdict: Release}, true
 }
 
-// hopNames are the stages of BenchmarkFirstPacketHops' table.
+// hopNames are the stages of BenchmarkFirstPacketHops' table: the
+// round trip, then stages 1-15, which follow each other and add up to
+// it, then the loop's part of them.
 var hopNames = []string{
 	"round trip (connect, request, response)",
+	"client's connect → SYN's kernel stamp",
 	"SYN: kernel stamp → netlink read", "SYN: read → worker", "SYN: worker → verdict (parse, fast path)",
-	"SYN: verdict write", "SYN: kernel stamp → verdict written",
-	"SYN written → request's kernel stamp",
+	"SYN: verdict write (with the packet's way on)",
+	"SYN written → request's kernel stamp (handshake, client's write)",
 	"request: kernel stamp → netlink read", "request: read → worker", "request: worker → submit (parse)",
 	"request: submit → Decide starts", "request: Decide", "request: Decide returns → worker",
-	"request: worker → verdict (settle, fast path)", "request: verdict write",
-	"request: kernel stamp → verdict written",
-	"loop total (SYN + request, stamp → written)",
+	"request: worker → verdict (settle, fast path)", "request: verdict write (with the packet's way on)",
 	"request written → response read",
+	"loop (SYN and request, kernel stamp → verdict written)",
 }
+
+const (
+	firstStage, lastStage = 1, 15 // the stages that add up to the round trip
+	loopHop               = 16
+)
 
 // hopVariant is one way of running the loop in BenchmarkFirstPacketHops.
 type hopVariant struct {
@@ -143,6 +152,9 @@ type hopVariant struct {
 	tms  []Timing
 	cl   []clientStamps
 	hops [][]time.Duration // by hopNames
+	// slowest: in the slowest 1 % of round trips, how often each stage
+	// was the longest.
+	slowest map[int]int
 }
 
 // BenchmarkFirstPacketHops breaks the first-packet latency of a decided
@@ -151,15 +163,17 @@ type hopVariant struct {
 // noting each queued packet's stages (the kernel's receive stamp, the
 // netlink read, the worker, the decision pool, the verdict write), and
 // the client noting its own; beside them the runtime's scheduling
-// latencies and GC pauses over the same time. Four topologies take turns
-// round trip by round trip (in a rotating order), so that all sample the
-// same moments of a loaded machine: without carbd (base), carbd with
-// every packet handed to its worker and every decision to the pool
-// (hand-off: the loop before its inline paths), carbd as it runs now
-// with a Decider that may block (inline: packets handled on the receive
-// goroutine when their worker is idle; carbd run's case), and with an
-// InlineDecider (inline+now: the decision too). It logs the table of
-// docs/verdict-loop.md, "Where the first-packet latency goes".
+// latencies and GC pauses over the same time. Four topologies take
+// turns round trip by round trip, in a random order each round, so that
+// all sample the same moments of a loaded machine: without carbd
+// (base), carbd with every packet handed to its worker and every
+// decision to the pool (hand-off: the loop before its inline paths),
+// carbd as it runs now with a Decider that may block (inline: packets
+// handled on the receive goroutine when their worker is idle; carbd
+// run's case), and with an InlineDecider (inline+now: the decision
+// too). It logs the table of docs/verdict-loop.md, "Where the
+// first-packet latency goes", and, for the slowest 1 % of round trips,
+// which stage took longest.
 func BenchmarkFirstPacketHops(b *testing.B) {
 	testutil.RequireRoot(b)
 	kernelTimestamps(b)
@@ -199,8 +213,8 @@ func BenchmarkFirstPacketHops(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < max(b.N, 2); i++ {
 		for k := 0; k < n; k++ {
-			for j := range vs {
-				v := vs[(k+j)%len(vs)]
+			for _, j := range rand.Perm(len(vs)) { // see BenchmarkFirstPacketLatency
+				v := vs[j]
 				v.cl = append(v.cl, timedRoundTrip(b, v.topo.Guest, v.addr))
 			}
 		}
@@ -230,6 +244,15 @@ func BenchmarkFirstPacketHops(b *testing.B) {
 		}
 		tab.WriteString("\n")
 	}
+	for _, v := range vs[1:] {
+		fmt.Fprintf(&tab, "%s, slowest 1 %% of round trips, the stage that took longest:", v.name)
+		for i := firstStage; i <= lastStage; i++ {
+			if k := v.slowest[i]; k > 0 {
+				fmt.Fprintf(&tab, " %s ×%d;", hopNames[i], k)
+			}
+		}
+		tab.WriteString("\n")
+	}
 	lat0, lat1 := m0[0].Value.Float64Histogram(), m1[0].Value.Float64Histogram()
 	l50, nl := histDelta(lat0, lat1, .5)
 	l99, _ := histDelta(lat0, lat1, .99)
@@ -247,57 +270,71 @@ func BenchmarkFirstPacketHops(b *testing.B) {
 }
 
 // breakdown matches the loop's timings with the client's round trips by
-// the client's port and fills v.hops.
+// the client's port and fills v.hops and v.slowest.
 func (v *hopVariant) breakdown() error {
 	v.hops = make([][]time.Duration, len(hopNames))
-	add := func(i int, from, to time.Time) {
-		if !from.IsZero() && !to.IsZero() {
-			v.hops[i] = append(v.hops[i], to.Sub(from))
-		}
-	}
 	for _, s := range v.cl {
-		add(0, s.start, s.done)
+		v.hops[0] = append(v.hops[0], s.done.Sub(s.start))
 	}
 	if len(v.tms) == 0 { // base: no loop
 		return nil
 	}
-	syn, req := map[uint16]Timing{}, map[uint16]Timing{}
+	// By the client's port and the time: ports come round again in a
+	// long run.
+	syn, req := map[uint16][]Timing{}, map[uint16][]Timing{}
 	for _, t := range v.tms {
 		switch {
 		case t.TCPFlags&tcpSYN != 0:
-			syn[t.Flow.SrcPort] = t
+			syn[t.Flow.SrcPort] = append(syn[t.Flow.SrcPort], t)
 		case t.Payload > 0:
-			req[t.Flow.SrcPort] = t
+			req[t.Flow.SrcPort] = append(req[t.Flow.SrcPort], t)
 		}
 	}
+	during := func(ts []Timing, s clientStamps) (Timing, bool) {
+		for _, t := range ts {
+			if !t.Read.Before(s.start) && !t.Read.After(s.done) {
+				return t, true
+			}
+		}
+		return Timing{}, false
+	}
+	var rows [][]time.Duration // one per matched round trip, by hopNames
 	missing := 0
 	for _, s := range v.cl {
-		y, ok1 := syn[s.port]
-		r, ok2 := req[s.port]
+		y, ok1 := during(syn[s.port], s)
+		r, ok2 := during(req[s.port], s)
 		if !ok1 || !ok2 || y.Kernel.IsZero() || r.Kernel.IsZero() {
 			missing++
 			continue
 		}
-		add(1, y.Kernel, y.Read)
-		add(2, y.Read, y.Worker)
-		add(3, y.Worker, y.Verdict)
-		add(4, y.Verdict, y.Written)
-		add(5, y.Kernel, y.Written)
-		add(6, y.Written, r.Kernel)
-		add(7, r.Kernel, r.Read)
-		add(8, r.Read, r.Worker)
-		add(9, r.Worker, r.Submit)
-		add(10, r.Submit, r.DecideStart)
-		add(11, r.DecideStart, r.DecideEnd)
-		add(12, r.DecideEnd, r.Result)
-		add(13, r.Result, r.Verdict)
-		add(14, r.Verdict, r.Written)
-		add(15, r.Kernel, r.Written)
-		v.hops[16] = append(v.hops[16], y.Written.Sub(y.Kernel)+r.Written.Sub(r.Kernel))
-		add(17, s.sent, s.done)
+		// The stages' boundaries, in order: each stage is the time
+		// between two neighbours.
+		at := []time.Time{s.start, y.Kernel, y.Read, y.Worker, y.Verdict, y.Written,
+			r.Kernel, r.Read, r.Worker, r.Submit, r.DecideStart, r.DecideEnd, r.Result, r.Verdict, r.Written, s.done}
+		row := make([]time.Duration, len(hopNames))
+		row[0] = s.done.Sub(s.start)
+		for i := firstStage; i <= lastStage; i++ {
+			row[i] = at[i].Sub(at[i-1])
+		}
+		row[loopHop] = y.Written.Sub(y.Kernel) + r.Written.Sub(r.Kernel)
+		rows = append(rows, row)
+		for i := firstStage; i < len(row); i++ {
+			v.hops[i] = append(v.hops[i], row[i])
+		}
 	}
 	if missing > len(v.cl)/10 {
 		return fmt.Errorf("%s: %d of %d round trips without both timings (kernel stamps: %v)", v.name, missing, len(v.cl), len(v.tms) > 0 && !v.tms[0].Kernel.IsZero())
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i][0] > rows[j][0] })
+	v.slowest = map[int]int{}
+	for _, row := range rows[:max(1, len(rows)/100)] {
+		longest := firstStage
+		for i := firstStage; i <= lastStage; i++ {
+			if row[i] > row[longest] {
+				longest = i
+			}
+		}
+		v.slowest[longest]++
 	}
 	return nil
 }

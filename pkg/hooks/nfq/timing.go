@@ -16,11 +16,11 @@ type Timing struct {
 	Payload  int         // TCP payload bytes
 	Accept   bool
 	Reason   Reason
-	// Kernel is NFQA_TIMESTAMP: the packet's receive stamp (wall clock,
-	// microseconds), taken when the router's interface received it,
-	// before the TC program, routing, conntrack and netfilter. Zero when
-	// the kernel gives none: it stamps packets only while some socket
-	// asked for receive timestamps (SO_TIMESTAMP*).
+	// Kernel is NFQA_TIMESTAMP: the packet's software receive stamp
+	// (wall clock, microseconds), taken on the receive path of the
+	// interface it came in on, ahead of the TC program and netfilter.
+	// Zero when the kernel gives none: it stamps packets only while some
+	// socket asked for receive timestamps (SO_TIMESTAMP*).
 	Kernel time.Time
 	// Read: the receive goroutine had the message (netlink read and
 	// attribute parsing done). Worker: the flow's worker began handling
