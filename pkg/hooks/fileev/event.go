@@ -185,7 +185,8 @@ func openEvents(dst []decide.Event, r *Record) []decide.Event {
 	case r.Flags&oCreat != 0:
 		// O_CREAT: the file may have been created (and, with O_TRUNC,
 		// an existing one emptied).
-		fields := []decide.Field{target("path", r.Path), control("mode", octal(r.Mode))}
+		fields := make([]decide.Field, 2, 3)
+		fields[0], fields[1] = target("path", r.Path), control("mode", octal(r.Mode))
 		if r.Flags&oTrunc != 0 && acc != 0 {
 			fields = append(fields, control("truncate", "true"))
 		}

@@ -922,3 +922,45 @@ func TestOwnedString(t *testing.T) {
 		t.Errorf("0 bytes: %q", s)
 	}
 }
+
+// TestHandleAllocs bounds what the reader allocates for the benchmark's
+// cycle (openat O_CREAT, write, pread64, close, unlink: 5 records, 4
+// decide.Events), content read-back off: the Events' own strings and
+// Fields, nothing per record besides. It guards the reuse of the raw
+// event, the Record and the events slice.
+func TestHandleAllocs(t *testing.T) {
+	cycle := [][]byte{
+		encodeEvent(ptr(withFI(withPath(sc(257, OpOpen, 3, cwdArg, 0, 0o1102, 0o644), "cycle.bin"), reg(3, 50, 0)))),
+		encodeEvent(ptr(withFI(sc(1, OpWrite, 4096, 3, 0, 4096), reg(3, 50, 4096)))),
+		encodeEvent(ptr(withFI(sc(17, OpRead, 4096, 3, 0, 4096, 0), reg(3, 50, 4096)))),
+		encodeEvent(ptr(withFI(sc(3, OpClose, 0, 3), reg(3, 50, 4096)))),
+		encodeEvent(ptr(withPath(sc(87, OpUnlink, 0, 0), "cycle.bin"))),
+	}
+	tr := &Tracer{cfg: Config{MaxContent: -1}}
+	res := newTestResolver(&fakeProc{cwds: map[int]string{100: tRoot}}, nil)
+	events := 0
+	h := func(r *Record, evs []decide.Event) {
+		if r.Malformed != "" {
+			t.Fatalf("malformed: %s", r)
+		}
+		events += len(evs)
+	}
+	run := func() {
+		for _, b := range cycle {
+			tr.handle(res, b, h, func() {})
+		}
+	}
+	run()
+	if events != 4 {
+		t.Fatalf("%d events for one cycle, want 4", events)
+	}
+	// The events' own (the create's Fields and mode, 2 strings; the
+	// write's Fields; the read's Source; the unlink's Fields) and the
+	// two relative paths joined to the cwd.
+	const most = 8
+	if n := testing.AllocsPerRun(100, run); n > most {
+		t.Errorf("%.1f allocations per cycle, want at most %d", n, most)
+	}
+}
+
+func ptr(e rawEvent) *rawEvent { return &e }
