@@ -306,7 +306,7 @@ func (c *core) decide(j *job) {
 	}
 	r := c.outcome(j.w, j.id, out, err)
 	r.tm = tm
-	j.w.post(r)
+	j.w.apply(r)
 	for _, res := range out.Resolutions {
 		c.resolve(res)
 	}
@@ -536,6 +536,19 @@ func (w *worker) newParser() *netparse.Parser {
 		panic(err) // validated by New
 	}
 	return p
+}
+
+// apply applies a decision from the pool: at once, under the worker's
+// lock, when the worker is idle (no hand-off back to its goroutine),
+// else through its results channel. Results apply in any order: settle
+// keeps a flow's stream order.
+func (w *worker) apply(r result) {
+	if !w.c.cfg.handOff && w.mu.TryLock() {
+		w.safely(nil, func() { w.result(r) })
+		w.mu.Unlock()
+		return
+	}
+	w.post(r)
 }
 
 // post delivers a decision to the worker, unless it has stopped.
