@@ -36,7 +36,7 @@ type Plan struct {
 	ID         string       // sandbox id: [a-z0-9-]{1,11}
 	Index      int          // 0..MaxIndex, unique per live sandbox on the host
 	HostIf     string       // host side of the veth pair ("cbh-<id>")
-	GuestIf    string       // the sandbox's side, renamed eth0 inside
+	GuestIf    string       // the sandbox's side (the netns backend makes it eth0 in the sandbox's namespace)
 	HostAddr4  netip.Prefix // 10.200.x.y+1/30
 	GuestAddr4 netip.Prefix // 10.200.x.y+2/30
 	HostAddr6  netip.Prefix // fd00:cb:0:<index>::1/64

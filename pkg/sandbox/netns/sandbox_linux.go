@@ -181,26 +181,28 @@ func Start(cfg Config) (_ *Sandbox, err error) {
 	return s, nil
 }
 
-// network creates the veth pair, moves one end into the sandbox and
-// configures both ends.
+// network creates the veth pair, its sandbox end (eth0) made in the
+// sandbox's namespace, and configures both ends. Each step is a request
+// under the kernel's one routing netlink lock (rtnl), which every
+// sandbox starting or stopping on the host takes in turn: the pair is
+// made with its peer in place and named (no move between namespaces,
+// whose synchronize_net runs under that lock; no rename, no lookup of
+// either end), so a start asks for it as few times as it can.
 func (s *Sandbox) network(pid int) error {
 	p := s.cfg.Plan
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.HostIf}, PeerName: p.GuestIf}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.HostIf}, PeerName: "eth0", PeerNamespace: netlink.NsPid(pid)}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return fmt.Errorf("netns: create veth %s: %w", p.HostIf, err)
 	}
-	host, err := netlink.LinkByName(p.HostIf)
-	if err != nil {
-		return fmt.Errorf("netns: find %s: %w", p.HostIf, err)
+	var host netlink.Link = veth // LinkAdd looked up its index
+	if veth.Index == 0 {
+		l, err := netlink.LinkByName(p.HostIf)
+		if err != nil {
+			return fmt.Errorf("netns: find %s: %w", p.HostIf, err)
+		}
+		host = l
 	}
 	s.host = host
-	peer, err := netlink.LinkByName(p.GuestIf)
-	if err != nil {
-		return fmt.Errorf("netns: find %s: %w", p.GuestIf, err)
-	}
-	if err := netlink.LinkSetNsPid(peer, pid); err != nil {
-		return fmt.Errorf("netns: move %s into the sandbox: %w", p.GuestIf, err)
-	}
 	for _, a := range []netip.Prefix{p.HostAddr4, p.HostAddr6} {
 		if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: prefixNet(a), Flags: unix.IFA_F_NODAD}); err != nil {
 			return fmt.Errorf("netns: address %s on %s: %w", a, p.HostIf, err)
@@ -214,11 +216,8 @@ func (s *Sandbox) network(pid int) error {
 		if err := h.LinkSetUp(lo); err != nil {
 			return err
 		}
-		g, err := h.LinkByName(p.GuestIf)
+		g, err := h.LinkByName("eth0")
 		if err != nil {
-			return err
-		}
-		if err := h.LinkSetName(g, "eth0"); err != nil {
 			return err
 		}
 		for _, a := range []netip.Prefix{p.GuestAddr4, p.GuestAddr6} {
