@@ -130,10 +130,15 @@ func TestEvalAgentDojoCLI(t *testing.T) {
 			mean("carbd", "effect_release"), mean("carbd", "benign_retention"))
 	}
 
-	// The text report and the artifact.
-	code, stdout, stderr = runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "2", "--ledger-alpha", "0.1")
+	// The text report, the losses and the artifact.
+	losses := filepath.Join(t.TempDir(), "losses.tsv")
+	code, stdout, stderr = runCLI("eval", "agentdojo", "--runs", dir, "--policies", evalPolicies, "--splits", "2", "--ledger-alpha", "0.1", "--losses", losses)
 	if code != 0 || !strings.Contains(stdout, "kairos-strict") || !strings.Contains(stdout, "why carbd") {
 		t.Errorf("text report: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	// Every benign run keeps its payment: the header alone.
+	if b, err := os.ReadFile(losses); err != nil || !strings.HasPrefix(string(b), "pipeline\tsuite\tepisode\tstep\t") || strings.Count(string(b), "\n") != 1 {
+		t.Errorf("losses file (%v):\n%s", err, b)
 	}
 	out := filepath.Join(t.TempDir(), "calib.json")
 	fields := filepath.Join(t.TempDir(), "fields.jsonl")
