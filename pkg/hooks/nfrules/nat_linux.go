@@ -271,11 +271,19 @@ func (h sysctlHolder) write(v string) error {
 
 func (h sysctlHolder) hold() error {
 	return h.locked(func() error {
-		ids, err := h.live()
+		cur, err := h.read()
 		if err != nil {
 			return err
 		}
-		cur, err := h.read()
+		if cur == h.s.Value {
+			// As wanted already: whoever holds it, and whatever a dead
+			// holder found, there is nothing to record but this holder.
+			// (No scan of the holders under the host-wide lock: with
+			// many sandboxes starting, it serialised their starts;
+			// release prunes the dead ones.)
+			return os.WriteFile(filepath.Join(h.dir, "holders", h.holder), []byte(strconv.Itoa(os.Getpid())), 0o600)
+		}
+		ids, err := h.live()
 		if err != nil {
 			return err
 		}
