@@ -186,7 +186,9 @@ func looksLikeHost(v string) bool {
 
 // datesDerivable reports whether x names at least one calendar date and
 // every date it names is a date of T: written as YYYY-MM-DD in a trusted
-// value, or named in the principal's task in any form parseDates reads.
+// value, or named in the principal's task in any form parseDates reads,
+// when the policy trusts the task (a task it does not trust vouches for
+// nothing, dates included).
 func (e *Engine) datesDerivable(x string) bool {
 	ds := parseDates(x)
 	if len(ds) == 0 {
@@ -199,7 +201,7 @@ func (e *Engine) datesDerivable(x string) bool {
 			continue
 		}
 		if !taskParsed {
-			task, taskParsed = parseDates(e.task), true
+			task, taskParsed = parseDates(e.taskT), true
 		}
 		ok := false
 		for _, t := range task {
@@ -220,6 +222,14 @@ func (e *Engine) datesDerivable(x string) bool {
 // effect discloses nothing read from a sensitive source.
 func (e *Engine) isTaskToken(tok, normTask string) bool {
 	return normTask != "" && strings.Contains(normTask, tok)
+}
+
+// appendLine appends a line of text to s.
+func appendLine(s, line string) string {
+	if s == "" {
+		return line
+	}
+	return s + "\n" + line
 }
 
 // normTask returns Norm of the principal's task.

@@ -70,7 +70,8 @@ type Engine struct {
 
 	mu        sync.Mutex // guards everything below
 	seq       uint64
-	task      string
+	task      string          // every ctrl event's content: tokens the user supplied (isTaskToken)
+	taskT     string          // the same when the policy trusts the task, else "": only this vouches (datesDerivable)
 	trusted   *match.ValueSet // T_i: values from trusted sources
 	untrusted *match.ValueSet // values from untrusted sources, for origin statements
 	sens      *match.Index    // S_i: tokens of sensitive content
@@ -254,10 +255,9 @@ func (e *Engine) observeLocked(ev *Event) {
 		e.sensMax = e.sensMax.Join(l.Level)
 	}
 	if ev.Ch == ChanCtrl {
-		if e.task == "" {
-			e.task = ev.Content
-		} else {
-			e.task += "\n" + ev.Content
+		e.task = appendLine(e.task, ev.Content)
+		if l.Integrity == Trusted {
+			e.taskT = appendLine(e.taskT, ev.Content)
 		}
 	}
 	e.readLabel = e.readLabel.Combine(l)

@@ -221,6 +221,15 @@ func TestGatedControlDates(t *testing.T) {
 			}
 		})
 	}
+	t.Run("the dates of a task the policy does not trust", func(t *testing.T) {
+		pu := mustPolicy(t, strings.Replace(messagePolicy, "task: true", "task: false", 1))
+		e := New(pu, Options{})
+		e.Task("Book 'Le Marais Boutique' for me from January 11th to January 15th 2025.")
+		e.Observe(Event{Ch: ChanNet, Dir: In, Obj: "tool:directory", Content: "hotel: 'Le Marais Boutique'"})
+		if d := e.Propose(ctx, reserve("2025-01-11", "2025-01-15")).Decision; d.Policy != Defer || d.Reason.Role != RoleControl {
+			t.Fatalf("an untrusted task vouched for its dates: got %v %+v (%s)", d.Policy, d.Reason, d.Justification)
+		}
+	})
 	t.Run("an ISO date of a trusted source", func(t *testing.T) {
 		e := New(p, Options{})
 		e.Task("Book the hotel for the dates in my directory entry.")
