@@ -1,10 +1,13 @@
 package scalebench
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,9 +23,10 @@ import (
 // has run its agent loop and idles, so that start k is measured with k-1
 // sandboxes running (BenchmarkHundredSandboxes starts them all at once).
 // It reports the start-to-exec latency of all starts (p50, p90), of the
-// first and of the last (n-1 running), and the cost of one system call
+// first and of the last (n-1 running), the CPU cost of one system call
 // on the host before the first start and with all n running (every
-// sandbox's file tracer runs on every system call of the host). Each
+// sandbox's file tracer runs on every system call of the host), and the
+// CPU the n carbd use while they idle, per sandbox. Each
 // sub-benchmark is sandboxes=CARBD_SCALE_N (default 20); run it with
 // -benchtime=1x. With CARBD_SCALE_LOG, a directory, the log of the
 // first, middle and last start is written there (with a profiling
@@ -86,8 +90,10 @@ func steady(b *testing.B, n int, bin, policyPath, dir string, served *atomic.Int
 				}
 			}
 		}
-		// All n run, idle: the cost of a system call now, and isolation.
+		// All n run, idle: the cost of a system call now, the CPU they
+		// use idling, and isolation.
 		sysN := syscallNs()
+		idle := idleCPU(f.runs, 5*time.Second)
 		bound := boundQueues()
 		var unbound []string
 		for i, r := range f.runs {
@@ -123,9 +129,10 @@ func steady(b *testing.B, n int, bin, policyPath, dir string, served *atomic.Int
 		b.ReportMetric(float64(percentile(tail, 0.5).Microseconds())/1000, "last-tenth-p50-ms")
 		b.ReportMetric(sys0, "syscall-ns-0")
 		b.ReportMetric(sysN, "syscall-ns-all")
+		b.ReportMetric(float64(idle.Microseconds())/1000/float64(n), "idle-cpu-ms/s/sandbox")
 		b.ReportMetric(float64(len(violations)+len(unbound)), "isolation-violations")
-		b.Logf("%d sandboxes started one after another, each with the earlier ones running: start-to-exec p50 %v p90 %v (first %v, last %v, last tenth p50 %v); a system call on the host %.0f ns before, %.0f ns with all %d running; world served %d requests",
-			n, p50, p90, lat[0], last, percentile(tail, 0.5), sys0, sysN, n, served.Load())
+		b.Logf("%d sandboxes started one after another, each with the earlier ones running: start-to-exec p50 %v p90 %v (first %v, last %v, last tenth p50 %v); a system call on the host %.0f ns of CPU before, %.0f ns with all %d running; idle, the %d carbd use %v of CPU a second; world served %d requests",
+			n, p50, p90, lat[0], last, percentile(tail, 0.5), sys0, sysN, n, n, idle.Round(time.Millisecond), served.Load())
 		for _, v := range violations {
 			b.Errorf("isolation: %s", v)
 		}
@@ -136,20 +143,51 @@ func steady(b *testing.B, n int, bin, policyPath, dir string, served *atomic.Int
 	}
 }
 
-// syscallNs is the cost of one system call on this host now (getppid,
-// which does nothing): the least of five rounds of 20,000, so that the
-// other work on the machine counts as little as it can.
+// syscallNs is the CPU cost of one system call on this host now
+// (getppid, which does nothing; the thread's CPU time, so that waiting
+// for a CPU on a loaded machine does not count): the least of five
+// rounds of 20,000.
 func syscallNs() float64 {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	cpu := func() time.Duration {
+		var ts unix.Timespec
+		_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+		return time.Duration(ts.Nano())
+	}
 	best := time.Duration(1 << 62)
 	const calls = 20000
 	for range 5 {
-		t := time.Now()
+		t := cpu()
 		for range calls {
 			unix.Getppid()
 		}
-		best = min(best, time.Since(t))
+		best = min(best, cpu()-t)
 	}
 	return float64(best.Nanoseconds()) / calls
+}
+
+// idleCPU is the CPU time the carbd processes of runs use per second
+// while they idle, measured over d (utime and stime, /proc/PID/stat).
+func idleCPU(runs []*run, d time.Duration) time.Duration {
+	ticks := func() (n int64) {
+		for _, r := range runs {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", r.cmd.Process.Pid))
+			if err != nil {
+				continue
+			}
+			// The fields after the command name, which is in parentheses.
+			f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+			if len(f) > 12 {
+				u, _ := strconv.ParseInt(f[11], 10, 64)
+				s, _ := strconv.ParseInt(f[12], 10, 64)
+				n += u + s
+			}
+		}
+		return n
+	}
+	a := ticks()
+	time.Sleep(d)
+	// 100 clock ticks a second (USER_HZ on Linux).
+	return time.Duration(ticks()-a) * 10 * time.Millisecond * time.Second / d
 }
