@@ -87,7 +87,7 @@ func runCalibFields(_ context.Context, e *env, args []string) error {
 	kind := fs.String("score", string(score.KindNgram), "similarity `kind` the scores were computed with: token, ngram or max")
 	poolWith := fs.String("pool-with", "target,credential,command", "`roles` whose fields join the pooled stratum of rare roles (empty: none)")
 	allowMissing := fs.Bool("allow-missing", false, "pool a budgeted role that has no calibration fields instead of failing")
-	requireCert := fs.Bool("require-certified", false, "fail, writing nothing, unless every stratum is certifiable")
+	requireCert := fs.Bool("require-certified", false, "fail, writing nothing, unless every stratum that keeps a threshold is certified (a stratum held at the strict rule needs no certificate)")
 	out := fs.String("o", "", "artifact `file` to write (required)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -159,7 +159,11 @@ func runCalibFields(_ context.Context, e *env, args []string) error {
 	if *requireCert {
 		var not []string
 		for _, st := range a.Strata {
-			if !st.Certifiable {
+			// A stratum that blocks every untrusted field (the strict
+			// rule: too little data, or transfer without enough
+			// violated units) releases nothing of its role on a
+			// score: its budget holds by construction.
+			if !st.Certifiable && !st.BlockAll {
 				not = append(not, st.Name)
 			}
 		}

@@ -180,3 +180,24 @@ func TestCalibForms(t *testing.T) {
 	}()
 	registerCalibForm(&calibForm{name: "testform"})
 }
+
+// TestCalibRequireCertifiedStrict: --require-certified accepts a stratum
+// held at the strict rule (transfer with too few violated units blocks
+// every field of the role: nothing is released on a score, so there is
+// nothing to certify) and still refuses a relaxed, uncertified one.
+func TestCalibRequireCertifiedStrict(t *testing.T) {
+	in, _ := writeFieldFile(t)
+	out := filepath.Join(t.TempDir(), "calib.json")
+	code, stdout, stderr := runCLI("calib", "--fields", in, "--alpha", "target=0.01", "--rule", "transfer", "--require-certified", "-o", out)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q\nstdout: %s", code, stderr, stdout)
+	}
+	a, err := calib.ReadArtifact(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := a.Stratum("target")
+	if !st.BlockAll || st.Certifiable {
+		t.Fatalf("target stratum %+v: want held at the strict rule (block all, no certificate)", st)
+	}
+}
