@@ -24,6 +24,23 @@
 //     (their URLs name the sandbox) and every sandbox has its own bound
 //     queue (/proc/net/netfilter/nfnetlink_queue).
 //
+// The agent idles blocked on a control FIFO (/run/carbd/ctl in the
+// sandbox) that the benchmark writes "hold" or "exit" to: an idle agent
+// forks nothing (one polling with `sleep 0.1` forked ten traced
+// processes a second, and with every sandbox's file tracer running on
+// every system call of the host, their cost grew with the square of the
+// sandboxes running).
+//
+// BenchmarkStartWhileRunning is the steady-state reading of the same
+// goal: CARBD_SCALE_N sandboxes (default 20) started one after another,
+// each once the one before idles, so that start k is measured with k-1
+// running; start-to-exec p50 and p90 over all starts, the first, the
+// last and the last tenth's p50, the cost of one system call on the host
+// before the first start and with all running, and isolation.
+// CARBD_SCALE_LOG (a directory) keeps the logs of its first, middle and
+// last start (of every start, in BenchmarkHundredSandboxes) with their
+// start and exec times, for a profiling build's start-up marks.
+//
 // BenchmarkStartToExec is the start-up goal's own setting: one sandbox
 // at a time, CARBD_START_N starts (default 10) whose agent stamps the
 // time and exits; start-to-exec p50 and p90, and start to exit. Given
