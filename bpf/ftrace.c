@@ -41,6 +41,11 @@ volatile const __u32 ft_self_tgid = 0;
  * read event). Set before load; 0: reads of any regular file bump it. */
 volatile const __u32 ft_gen_dev = 0;
 
+/* Most bytes of a read's or write's buffer copied into its record
+ * (struct ft_data_event), at most FT_DATA_MAX. Set before load; 0 copies
+ * none (userspace then reads content back from M, or reads none). */
+volatile const __u32 ft_data_max = 0;
+
 /* Wake-ups of the reader (userspace's ring buffer epoll) are batched: a
  * record is submitted with BPF_RB_FORCE_WAKEUP when the last forced
  * wake-up is at least ft_wakeup_ns old, or when ft_wakeup_bytes or more
@@ -95,6 +100,18 @@ struct {
 	__type(value, struct ft_inflight);
 } ft_inflight SEC(".maps");
 
+/* Scratch for a data record: it is built here and copied into the ring
+ * with bpf_ringbuf_output at its real size (a reservation's size must be
+ * a constant; a 4 KiB reservation for a 100-byte write would take the
+ * ring's room and the reader's copying for nothing). Programs on the
+ * sys_exit tracepoint do not nest on a CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ft_data_event);
+} ft_scratch SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, FT_C_MAX);
@@ -106,6 +123,7 @@ struct {
  * BTF, where pkg/hooks/fileev's layout test checks them. */
 struct ft_wire {
 	struct ft_path_event ev;
+	struct ft_data_event dev;
 	enum ft_kind kind;
 	enum ft_op op;
 	enum ft_flag flag;
@@ -509,7 +527,7 @@ static __always_inline void fill_header(struct ft_event *e, const struct ft_infl
 	e->aux[1] = 0;
 	e->plen[0] = 0;
 	e->plen[1] = 0;
-	e->_pad = 0;
+	e->dlen = 0;
 }
 
 /* describe_fd describes the descriptor named by which (an argument
@@ -605,6 +623,41 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 	int gen = reads_op(sc.op) && (fl & FT_F_FI0) && is_reg(fi[0].mode) &&
 		  (!ft_gen_dev || fi[0].dev == ft_gen_dev) &&
 		  (sc.op == FT_OP_MMAP || ret > 0);
+
+	/* A read or write of one buffer on M's filesystem that moved bytes
+	 * carries them: the buffer holds exactly what was read or written
+	 * now, whatever happens to the file before the reader gets to it. */
+	if ((in->nr == 0 || in->nr == 1 || in->nr == 17 || in->nr == 18) && ret > 0 &&
+	    ft_data_max && (fl & FT_F_FI0) && is_reg(fi[0].mode) &&
+	    (!ft_gen_dev || fi[0].dev == ft_gen_dev)) {
+		__u32 zero = 0;
+		struct ft_data_event *de = bpf_map_lookup_elem(&ft_scratch, &zero);
+		if (de) {
+			fill_header(&de->h, in, &sc, pid_tgid, ret);
+			de->h.fi[0] = fi[0];
+			de->h.fi[1] = fi[1];
+			de->h.flags |= fl;
+			__u64 n = ft_data_max;
+			if (n > FT_DATA_MAX)
+				n = FT_DATA_MAX;
+			if (n > (__u64)ret)
+				n = ret;
+			__u64 size = sizeof(de->h);
+			if (n && bpf_probe_read_user(de->data, n, (const void *)in->args[1]) == 0) {
+				de->h.dlen = n;
+				de->h.flags |= FT_F_DATA;
+				if (n == (__u64)ret)
+					de->h.flags |= FT_F_DATA_WHOLE;
+				size += n;
+			}
+			/* else: a record without data; the reader reads back */
+			if (bpf_ringbuf_output(&ft_events, de, size, wakeup()))
+				count(FT_C_RINGBUF);
+			if (gen)
+				bump_read_gen();
+			goto out;
+		}
+	}
 
 	if (sc.path0 == ARG_NONE && sc.path1 == ARG_NONE) {
 		struct ft_event *e = bpf_ringbuf_reserve(&ft_events, sizeof(*e), 0);

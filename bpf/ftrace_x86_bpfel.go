@@ -13,6 +13,36 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type ftraceFtDataEvent struct {
+	_ structs.HostLayout
+	H struct {
+		_      structs.HostLayout
+		Ts     uint64
+		Tgid   uint32
+		Tid    uint32
+		Target uint32
+		Kind   uint16
+		Op     uint16
+		Nr     uint32
+		Flags  uint32
+		Ret    int64
+		Args   [6]uint64
+		Aux    [2]uint64
+		Fi     [2]struct {
+			_     structs.HostLayout
+			Ino   uint64
+			Pos   int64
+			Dev   uint32
+			Mode  uint32
+			Flags uint32
+			Fd    int32
+		}
+		Plen [2]uint16
+		Dlen uint32
+	}
+	Data [4096]uint8
+}
+
 type ftraceFtInflight struct {
 	_      structs.HostLayout
 	Args   [6]uint64
@@ -44,6 +74,7 @@ const (
 	ftraceMapFtEvents       = "ft_events"
 	ftraceMapFtInflight     = "ft_inflight"
 	ftraceMapFtPids         = "ft_pids"
+	ftraceMapFtScratch      = "ft_scratch"
 	ftraceMapReadGen        = "read_gen"
 	ftraceProgFtEnterBtf    = "ft_enter_btf"
 	ftraceProgFtEnterRaw    = "ft_enter_raw"
@@ -55,6 +86,7 @@ const (
 	ftraceProgFtPexitBtf    = "ft_pexit_btf"
 	ftraceProgFtPexitRaw    = "ft_pexit_raw"
 	ftraceVarFtCgroupLevels = "ft_cgroup_levels"
+	ftraceVarFtDataMax      = "ft_data_max"
 	ftraceVarFtGenDev       = "ft_gen_dev"
 	ftraceVarFtLastWakeup   = "ft_last_wakeup"
 	ftraceVarFtSelfTgid     = "ft_self_tgid"
@@ -125,6 +157,7 @@ type ftraceMapSpecs struct {
 	FtEvents   *ebpf.MapSpec `ebpf:"ft_events"`
 	FtInflight *ebpf.MapSpec `ebpf:"ft_inflight"`
 	FtPids     *ebpf.MapSpec `ebpf:"ft_pids"`
+	FtScratch  *ebpf.MapSpec `ebpf:"ft_scratch"`
 	ReadGen    *ebpf.MapSpec `ebpf:"read_gen"`
 }
 
@@ -133,6 +166,7 @@ type ftraceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ftraceVariableSpecs struct {
 	FtCgroupLevels *ebpf.VariableSpec `ebpf:"ft_cgroup_levels"`
+	FtDataMax      *ebpf.VariableSpec `ebpf:"ft_data_max"`
 	FtGenDev       *ebpf.VariableSpec `ebpf:"ft_gen_dev"`
 	FtLastWakeup   *ebpf.VariableSpec `ebpf:"ft_last_wakeup"`
 	FtSelfTgid     *ebpf.VariableSpec `ebpf:"ft_self_tgid"`
@@ -166,6 +200,7 @@ type ftraceMaps struct {
 	FtEvents   *ebpf.Map `ebpf:"ft_events"`
 	FtInflight *ebpf.Map `ebpf:"ft_inflight"`
 	FtPids     *ebpf.Map `ebpf:"ft_pids"`
+	FtScratch  *ebpf.Map `ebpf:"ft_scratch"`
 	ReadGen    *ebpf.Map `ebpf:"read_gen"`
 }
 
@@ -176,6 +211,7 @@ func (m *ftraceMaps) Close() error {
 		m.FtEvents,
 		m.FtInflight,
 		m.FtPids,
+		m.FtScratch,
 		m.ReadGen,
 	)
 }
@@ -185,6 +221,7 @@ func (m *ftraceMaps) Close() error {
 // It can be passed to loadFtraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ftraceVariables struct {
 	FtCgroupLevels *ebpf.Variable `ebpf:"ft_cgroup_levels"`
+	FtDataMax      *ebpf.Variable `ebpf:"ft_data_max"`
 	FtGenDev       *ebpf.Variable `ebpf:"ft_gen_dev"`
 	FtLastWakeup   *ebpf.Variable `ebpf:"ft_last_wakeup"`
 	FtSelfTgid     *ebpf.Variable `ebpf:"ft_self_tgid"`

@@ -13,6 +13,10 @@
  * the buffer is flagged FT_F_P0_TRUNC / FT_F_P1_TRUNC. */
 #define FT_PATH_MAX 512
 
+/* Most bytes of a read's or a write's buffer copied into its record
+ * (struct ft_data_event). */
+#define FT_DATA_MAX 4096
+
 /* Deepest cgroup level a traced cgroup may sit at (bits of
  * ft_cgroup_levels). */
 #define FT_MAX_CGROUP_LEVEL 16
@@ -64,6 +68,8 @@ enum ft_flag {
 	FT_F_AUX1 = 1 << 7,
 	FT_F_AUX_FAULT = 1 << 8, /* a user value (offset, open_how) could not be read */
 	FT_F_PATHS = 1 << 9,     /* the record is a struct ft_path_event */
+	FT_F_DATA = 1 << 10,     /* the record is a struct ft_data_event: dlen bytes follow */
+	FT_F_DATA_WHOLE = 1 << 11, /* with FT_F_DATA: dlen == ret, the bytes are all the call moved */
 };
 
 /* Indices of the per-CPU loss counters (map ft_counters). */
@@ -100,12 +106,22 @@ struct ft_event {
 	__u64 aux[2];  /* values read from the process at exit: updated offsets, open_how */
 	struct ft_fdinfo fi[2];
 	__u16 plen[2]; /* bytes copied into path[i], NUL included; 0 = none */
-	__u32 _pad;
+	__u32 dlen;    /* FT_F_DATA: bytes of data[] in the record; else 0 */
 };
 
 struct ft_path_event {
 	struct ft_event h;
 	char path[2][FT_PATH_MAX];
+};
+
+/* A read or write (read, pread64, write, pwrite64) of a regular file on
+ * M's filesystem that moved bytes: the first dlen bytes of the call's
+ * buffer, copied at sys_exit (what the read returned, what the write
+ * stored). The record in the ring is sizeof(struct ft_event) + dlen
+ * bytes long, not the whole struct. */
+struct ft_data_event {
+	struct ft_event h;
+	__u8 data[FT_DATA_MAX];
 };
 
 /* Value of ft_pids and ft_cgroups. */

@@ -64,10 +64,13 @@ type Record struct {
 	Ino     uint64
 
 	// Content is what a read (or mmap, or copy) returned or a write
-	// stored, read back from M, at most Config.MaxContent bytes.
+	// stored, at most Config.MaxContent bytes: copied from the call's
+	// buffer by the kernel at the syscall (ContentCaptured), or read
+	// back from M afterwards.
 	Content          string
 	ContentTruncated bool   // the operation moved more than MaxContent bytes
-	ContentErr       string // why Content could not be read (file gone, replaced)
+	ContentErr       string // why Content could not be read back (file gone, replaced)
+	ContentCaptured  bool   // Content was copied at the syscall: the real bytes, not a read-back
 
 	// Malformed says why a successful operation could not be resolved
 	// (a path cut at 512 bytes, an unknown descriptor, an unreadable

@@ -56,7 +56,17 @@ type Config struct {
 	// read returned, what a write stored). Beyond it, Record.Content
 	// holds the first MaxContent bytes and ContentTruncated is set. 0
 	// means DefaultMaxContent; negative reads no content.
+	//
+	// The kernel side copies the first min(MaxContent, 4096) bytes of
+	// the buffer of a read, pread64, write or pwrite64 of a regular file
+	// on M's filesystem into its record, at the syscall's exit: such a
+	// record's content is those bytes (Record.ContentCaptured), exactly
+	// what was read or written, with nothing read back. Larger calls,
+	// the vector forms, copies and mmaps are read back from M.
 	MaxContent int
+	// ReadBack turns the kernel's copy off: every record's content is
+	// read back from M, as before the copy existed (for comparison).
+	ReadBack bool
 	// Attach forces a mechanism (MechTPBTF or MechRawTP). Empty probes:
 	// tp_btf, then raw_tracepoint.
 	Attach string
@@ -373,6 +383,13 @@ func (t *Tracer) attach(mech string) error {
 	}
 	if err := spec.Variables["ft_gen_dev"].Set(t.rootDev); err != nil {
 		return fmt.Errorf("set ft_gen_dev: %w", err)
+	}
+	dataMax := uint32(min(max(t.cfg.MaxContent, 0), dataMax))
+	if t.cfg.ReadBack {
+		dataMax = 0
+	}
+	if err := spec.Variables["ft_data_max"].Set(dataMax); err != nil {
+		return fmt.Errorf("set ft_data_max: %w", err)
 	}
 	var opts ebpf.CollectionOptions
 	if t.cfg.ReadGen != nil {
@@ -754,7 +771,7 @@ func (t *Tracer) handle(res *resolver, b []byte, h Handler, checkLoss func()) {
 	if rec.Malformed != "" {
 		t.malformed.Add(1)
 	}
-	t.content(rec)
+	t.content(rec, e)
 	clear(t.evs) // hold no content of the previous record
 	t.evs = appendEvents(t.evs[:0], rec)
 	h(rec, t.evs)
@@ -801,10 +818,21 @@ func (t *Tracer) Sync(ctx context.Context) error {
 	}
 }
 
-// content reads back what a data operation moved, from M, bounded by
-// MaxContent.
-func (t *Tracer) content(r *Record) {
+// content is what a data operation moved, bounded by MaxContent: the
+// bytes the kernel copied at the syscall (e.Data) when they cover it,
+// else read back from M.
+func (t *Tracer) content(r *Record, e *rawEvent) {
 	if t.cfg.MaxContent < 0 || r.Kind != KindSyscall || r.Ret <= 0 || r.Malformed != "" {
+		return
+	}
+	if e.HasData && (r.Op == OpRead || r.Op == OpWrite) && r.InRoot &&
+		(e.Whole || len(e.Data) >= t.cfg.MaxContent) {
+		r.Content = e.Data
+		r.ContentCaptured = true
+		if len(r.Content) > t.cfg.MaxContent {
+			r.Content = r.Content[:t.cfg.MaxContent]
+		}
+		r.ContentTruncated = r.Ret > int64(len(r.Content))
 		return
 	}
 	rel, off, n, ino := r.Path, r.Offset, r.Length, r.Ino

@@ -9,7 +9,8 @@ import (
 // The wire format of bpf/include/ftrace_events.h. TestWireLayout checks
 // these offsets against the BTF of the compiled object.
 const (
-	pathMax = 512 // FT_PATH_MAX
+	pathMax = 512  // FT_PATH_MAX
+	dataMax = 4096 // FT_DATA_MAX
 
 	eventSize     = 176                   // sizeof(struct ft_event)
 	pathEventSize = eventSize + 2*pathMax // sizeof(struct ft_path_event)
@@ -28,7 +29,9 @@ const (
 	offFi     = 104
 	fdinfoLen = 32
 	offPlen   = 168
+	offDlen   = 172
 	offPath   = eventSize
+	offData   = eventSize // struct ft_data_event: data follows the header
 
 	// struct ft_fdinfo
 	fiIno   = 0
@@ -59,6 +62,8 @@ const (
 	fAux1    = 1 << 7
 	fAuxFlt  = 1 << 8
 	fPaths   = 1 << 9
+	fData    = 1 << 10 // a struct ft_data_event: dlen bytes of the call's buffer follow
+	fWhole   = 1 << 11 // with fData: dlen == ret, the bytes are all the call moved
 )
 
 // loss counters (enum ft_counter)
@@ -97,6 +102,13 @@ type rawEvent struct {
 	FI     [2]fdInfo
 	Path   [2]string
 	HasP   [2]bool // a path argument was given (non-NULL pointer, readable)
+
+	// Data is the first bytes of a read's or write's buffer, copied by
+	// the kernel at the syscall's exit (fData); Whole: they are all the
+	// call moved (len(Data) == Ret).
+	Data    string
+	HasData bool
+	Whole   bool
 }
 
 // errWire is the sentinel of records that do not decode.
@@ -159,6 +171,12 @@ func decodeInto(e *rawEvent, b []byte, last *[2]string) error {
 	default:
 		return fmt.Errorf("%w: kind %d", errWire, e.Kind)
 	}
+	if e.Flags&fWhole != 0 && e.Flags&fData == 0 {
+		return fmt.Errorf("%w: whole-data flag without data", errWire)
+	}
+	if e.Flags&fData != 0 {
+		return decodeData(e, b)
+	}
 	if e.Flags&fPaths == 0 {
 		return nil
 	}
@@ -189,6 +207,32 @@ func decodeInto(e *rawEvent, b []byte, last *[2]string) error {
 		}
 		e.HasP[i] = true
 	}
+	return nil
+}
+
+// decodeData decodes the data of a struct ft_data_event: a read or a
+// write whose record carries dlen bytes after the header.
+func decodeData(e *rawEvent, b []byte) error {
+	if e.Flags&fPaths != 0 {
+		return fmt.Errorf("%w: record has both paths and data", errWire)
+	}
+	if e.Kind != kSyscall || (e.Op != OpRead && e.Op != OpWrite) {
+		return fmt.Errorf("%w: data in a record of kind %d op %s", errWire, e.Kind, e.Op)
+	}
+	n := int(binary.LittleEndian.Uint32(b[offDlen:]))
+	switch {
+	case n == 0 || n > dataMax:
+		return fmt.Errorf("%w: data length %d not in 1..%d", errWire, n, dataMax)
+	case len(b) < offData+n:
+		return fmt.Errorf("%w: data record of %d bytes, want %d", errWire, len(b), offData+n)
+	case int64(n) > e.Ret:
+		return fmt.Errorf("%w: data length %d over the return value %d", errWire, n, e.Ret)
+	case e.Flags&fWhole != 0 && int64(n) != e.Ret:
+		return fmt.Errorf("%w: whole data of %d bytes, return value %d", errWire, n, e.Ret)
+	}
+	e.Data = string(b[offData : offData+n])
+	e.HasData = true
+	e.Whole = e.Flags&fWhole != 0
 	return nil
 }
 

@@ -36,7 +36,7 @@ func TestWireLayout(t *testing.T) {
 	}
 	want := map[string]uint32{"ts": offTS, "tgid": offTgid, "tid": offTid, "target": offTarget, "kind": offKind,
 		"op": offOp, "nr": offNr, "flags": offFlags, "ret": offRet, "args": offArgs, "aux": offAux, "fi": offFi,
-		"plen": offPlen, "_pad": offPlen + 4}
+		"plen": offPlen, "dlen": offDlen}
 	for name, off := range offsets(ev) {
 		if want[name] != off {
 			t.Errorf("ft_event.%s at %d, wire.go says %d", name, off, want[name])
@@ -59,12 +59,19 @@ func TestWireLayout(t *testing.T) {
 	if o := offsets(pe)["path"]; o != offPath {
 		t.Errorf("ft_path_event.path at %d, wire.go says %d", o, offPath)
 	}
+	de := structOf("ft_data_event")
+	if de.Size != offData+dataMax {
+		t.Errorf("sizeof(ft_data_event) = %d, wire.go says %d", de.Size, offData+dataMax)
+	}
+	if o := offsets(de)["data"]; o != offData {
+		t.Errorf("ft_data_event.data at %d, wire.go says %d", o, offData)
+	}
 
 	enums := map[string]map[string]uint64{
 		"ft_kind": {"FT_K_SYSCALL": kSyscall, "FT_K_FORK": kFork, "FT_K_EXIT": kExit, "FT_K_MARKER": kMarker},
 		"ft_flag": {"FT_F_FI0": fFI0, "FT_F_FI1": fFI1, "FT_F_P0_TRUNC": fP0Trunc, "FT_F_P1_TRUNC": fP1Trunc,
 			"FT_F_P0_FAULT": fP0Fault, "FT_F_P1_FAULT": fP1Fault, "FT_F_AUX0": fAux0, "FT_F_AUX1": fAux1,
-			"FT_F_AUX_FAULT": fAuxFlt, "FT_F_PATHS": fPaths},
+			"FT_F_AUX_FAULT": fAuxFlt, "FT_F_PATHS": fPaths, "FT_F_DATA": fData, "FT_F_DATA_WHOLE": fWhole},
 		"ft_counter": {"FT_C_RINGBUF": cRingbuf, "FT_C_INFLIGHT": cInflight, "FT_C_FORK": cFork, "FT_C_COMPAT": cCompat,
 			"FT_C_MAX": cMax},
 	}

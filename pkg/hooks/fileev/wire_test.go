@@ -14,6 +14,9 @@ func encodeEvent(e *rawEvent) []byte {
 	if e.Flags&fPaths != 0 {
 		n = pathEventSize
 	}
+	if e.HasData {
+		n = offData + len(e.Data)
+	}
 	b := make([]byte, n)
 	le := binary.LittleEndian
 	le.PutUint64(b[offTS:], e.TS)
@@ -28,6 +31,15 @@ func encodeEvent(e *rawEvent) []byte {
 		if f.Valid {
 			flags |= fFI0 << i
 		}
+	}
+	flags &^= fData | fWhole
+	if e.HasData {
+		flags |= fData
+		if e.Whole {
+			flags |= fWhole
+		}
+		le.PutUint32(b[offDlen:], uint32(len(e.Data)))
+		copy(b[offData:], e.Data)
 	}
 	le.PutUint32(b[offFlags:], flags)
 	le.PutUint64(b[offRet:], uint64(e.Ret))
@@ -71,6 +83,16 @@ func sampleEvents() []rawEvent {
 		{TS: 4, Tgid: 10, Tid: 10, Target: 1, Kind: kFork, Args: [6]uint64{12}, FI: [2]fdInfo{{FD: -1}, {FD: -1}}},
 		{TS: 5, Tgid: 12, Tid: 12, Target: 1, Kind: kExit, FI: [2]fdInfo{{FD: -1}, {FD: -1}}},
 		{TS: 6, Kind: kMarker, Args: [6]uint64{7}, FI: [2]fdInfo{{FD: -1}, {FD: -1}}},
+		// A write and a pread whose bytes the kernel copied: all of them,
+		// and the first dataMax of a larger read.
+		{TS: 7, Tgid: 10, Tid: 11, Target: 1, Kind: kSyscall, Op: OpWrite, Nr: 1, Ret: 12,
+			Args: [6]uint64{3, 0x2000, 12},
+			FI:   [2]fdInfo{{Ino: 5, Pos: 12, Dev: 1<<20 | 2, Mode: sIFREG | 0o644, FD: 3, Valid: true}, {FD: -1}},
+			Data: "hello world\n", HasData: true, Whole: true},
+		{TS: 8, Tgid: 10, Tid: 11, Target: 1, Kind: kSyscall, Op: OpRead, Nr: 17, Ret: 10000,
+			Args: [6]uint64{3, 0x2000, 20000, 0},
+			FI:   [2]fdInfo{{Ino: 5, Pos: 0, Dev: 1<<20 | 2, Mode: sIFREG | 0o644, FD: 3, Valid: true}, {FD: -1}},
+			Data: strings.Repeat("x\x00", dataMax/2), HasData: true},
 	}
 }
 
@@ -92,6 +114,9 @@ func TestDecodeErrors(t *testing.T) {
 	ok := sampleEvents()[0]
 	good := encodeEvent(&ok)
 	mod := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	withData := sampleEvents()[6]
+	data := encodeEvent(&withData)
+	modData := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), data...)) }
 	for _, tc := range []struct {
 		name string
 		b    []byte
@@ -104,6 +129,17 @@ func TestDecodeErrors(t *testing.T) {
 		{"op", mod(func(b []byte) []byte { b[offOp] = byte(opMax); return b }), "op"},
 		{"nr", mod(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offNr:], 999); return b }), "syscall number 999"},
 		{"path length", mod(func(b []byte) []byte { binary.LittleEndian.PutUint16(b[offPlen:], pathMax+1); return b }), "length 513"},
+		{"data short", data[:len(data)-1], "data record of"},
+		{"data length 0", modData(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offDlen:], 0); return b }), "data length 0"},
+		{"data length over cap", modData(func(b []byte) []byte {
+			binary.LittleEndian.PutUint32(b[offDlen:], dataMax+1)
+			return append(b, make([]byte, dataMax)...)
+		}), "data length 4097"},
+		{"data over ret", modData(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[offRet:], 11); return b }), "over the return value 11"},
+		{"whole but short", modData(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[offRet:], 13); return b }), "whole data of 12 bytes, return value 13"},
+		{"whole without data", mod(func(b []byte) []byte { b[offFlags+1] |= fWhole >> 8; return b }), "whole-data flag without data"},
+		{"data and paths", mod(func(b []byte) []byte { b[offFlags+1] |= fData >> 8; return b }), "both paths and data"},
+		{"data of an open", modData(func(b []byte) []byte { b[offOp] = byte(OpOpen); return b }), "data in a record"},
 	} {
 		_, err := decodeEvent(tc.b)
 		if !errors.Is(err, errWire) || !strings.Contains(err.Error(), tc.want) {
