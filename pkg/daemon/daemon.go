@@ -22,6 +22,7 @@ import (
 
 	"github.com/carbd/carbd/pkg/calib"
 	"github.com/carbd/carbd/pkg/decide"
+	"github.com/carbd/carbd/pkg/hooks/fileev"
 	"github.com/carbd/carbd/pkg/sandbox/netns"
 	"github.com/carbd/carbd/pkg/staging"
 )
@@ -116,10 +117,15 @@ type Config struct {
 // testHooks let an in-package test reach the running daemon: started is
 // called when the setup is done, failing when a component's failure is
 // ending the run (the sandbox is stopped, the operator socket still
-// answers).
+// answers), commitStage at the commit point's stages ("scan": before the
+// staging layer is scanned; "sync": before the tracer is drained after
+// the scan; "done": at its end), fileRecord with each traced record
+// before it is handled (valid during the call only).
 type testHooks struct {
-	started func(*daemon)
-	failing func(*daemon)
+	started     func(*daemon)
+	failing     func(*daemon)
+	commitStage func(stage string)
+	fileRecord  func(*fileev.Record)
 }
 
 // Summary is what `carbd run` prints when the sandbox ends.

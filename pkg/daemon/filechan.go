@@ -56,7 +56,6 @@ type fileChannel struct {
 	conflicted   map[string][32]byte // path -> digest of the staged change found in conflict
 	unseen       map[string]bool     // paths written with content the tracer did not see: decided from the staging layer
 	lost         map[string]bool     // staged paths found at a commit point after a loss, to decide again from the staging layer once
-	rescan       bool                // a loss was acknowledged (TakeRescan) and its staged changes are not marked yet
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -158,6 +157,9 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 	// ends the run.
 	fc.d.sup.Go(&wg, tctx, "file-tracer", func(ctx context.Context) error {
 		return tr.Run(ctx, func(rec *fileev.Record, evs []decide.Event) {
+			if h := fc.d.cfg.hooks; h != nil && h.fileRecord != nil {
+				h.fileRecord(rec)
+			}
 			switch {
 			case unattributedRead(rec):
 				fc.mu.Lock()
@@ -506,35 +508,43 @@ func (fc *fileChannel) note(dec decide.Decision) {
 // commitPoint applies what is decided: released changes go to W (with
 // the labels of what the agent had read), refused ones are reverted, held
 // ones stay staged.
+//
+// The order is Sync, scan, Sync, verdicts. The scan reads what the upper
+// layer holds now, and the agent may have written again since the first
+// Sync (a path released then, written with new content before the scan
+// reads it): the second Sync has every write the scan could have seen
+// handled, so a path's decisions cover its scanned content before its
+// verdict is taken. A write after the scan is the staging's digest check's
+// (Commit copies only the content scanned). When the second Sync fails,
+// nothing is committed or aborted at this point.
 func (fc *fileChannel) commitPoint(ctx context.Context) {
+	defer fc.testStage("done")
 	if fc.tracer != nil {
 		if err := fc.tracer.Sync(ctx); err != nil {
 			fc.d.log.Warn("file tracing sync", "err", err)
 		}
-		if fc.tracer.TakeRescan() {
-			// Kept until the changes are marked: a failed scan
-			// below must not forget the loss.
-			fc.mu.Lock()
-			fc.rescan = true
-			fc.mu.Unlock()
-		}
 	}
+	fc.testStage("scan")
 	changes, err := fc.st.Changes(ctx)
 	if err != nil {
 		fc.d.log.Error("scan the staged changes", "err", err)
 		return
 	}
-	fc.mu.Lock()
-	rescan := fc.rescan
-	fc.rescan = false
-	fc.mu.Unlock()
-	if rescan {
-		// The event stream missed something before this point (a full
-		// ring, a cut record): what tracing saw of a staged change may
-		// not be what the change holds. Each change staged now is
-		// decided once more from the staging layer before it is
-		// committed.
-		fc.markLost(changes)
+	if fc.tracer != nil {
+		fc.testStage("sync")
+		if err := fc.tracer.Sync(ctx); err != nil {
+			fc.d.log.Warn("file tracing sync after the scan: nothing committed at this commit point", "err", err)
+			return
+		}
+		if fc.tracer.TakeRescan() {
+			// The event stream missed something before this point (a
+			// full ring, a cut record): what tracing saw of a staged
+			// change may not be what the change holds. Each change
+			// staged now is decided once more from the staging layer
+			// before it is committed. (Taken after the scan: a failed
+			// scan does not forget the loss.)
+			fc.markLost(changes)
+		}
 	}
 	var commit, abort []staging.Change
 	for _, c := range changes {
@@ -610,6 +620,14 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 	if len(abort) > 0 {
 		res, err := fc.st.Abort(ctx, abort)
 		fc.finish(abort, res, err, false)
+	}
+}
+
+// testStage calls the in-package tests' hook at a stage of the commit
+// point.
+func (fc *fileChannel) testStage(stage string) {
+	if h := fc.d.cfg.hooks; h != nil && h.commitStage != nil {
+		h.commitStage(stage)
 	}
 }
 
