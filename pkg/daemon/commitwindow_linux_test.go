@@ -36,8 +36,8 @@ operations:
 defaults: {kind: blocking, gate: [target, credential, command]}
 `
 
-// windowAgent writes b.txt, then a.txt with clean content, then the
-// secret into a.txt, each step when the test says so on stdin (one line),
+// windowAgent writes b.txt, then a.txt with clean content, then SECRET
+// (the secret, or a second clean content) into a.txt, each step when the test says so on stdin (one line),
 // saying on stdout that it is done.
 const windowAgent = `
 import sys
@@ -62,9 +62,10 @@ step("wrote-secret")
 // windowProbe drives the agent from the commit point's stages and holds
 // the trace reader on the secret's record.
 type windowProbe struct {
-	stdin *io.PipeWriter
-	said  map[string]chan struct{} // closed once the agent printed the line
-	d     atomic.Pointer[daemon]
+	second string // a.txt's later content
+	stdin  *io.PipeWriter
+	said   map[string]chan struct{} // closed once the agent printed the line
+	d      atomic.Pointer[daemon]
 
 	mu       sync.Mutex
 	phase    int // 0: waiting for ready; 1: clean written; 2: secret written; 3: its commit point ended
@@ -158,7 +159,7 @@ func (p *windowProbe) commitStage(stage string) {
 }
 
 // fileRecord counts malformed records and losses, and holds the record
-// of the secret's write until the gate opens.
+// of the later write until the gate opens.
 func (p *windowProbe) fileRecord(rec *fileev.Record) {
 	if rec.Kind == fileev.KindLoss {
 		p.losses.Add(1)
@@ -167,7 +168,7 @@ func (p *windowProbe) fileRecord(rec *fileev.Record) {
 		p.malformed.Add(1)
 	}
 	if p.armed.Load() && rec.Kind == fileev.KindSyscall && rec.Op == fileev.OpWrite && rec.Path == "a.txt" &&
-		strings.Contains(rec.Content, windowSecret) {
+		strings.Contains(rec.Content, p.second) {
 		p.gated.Add(1)
 		select {
 		case <-p.gate:
@@ -185,6 +186,47 @@ func (p *windowProbe) fileRecord(rec *fileev.Record) {
 // run has no malformed record and no loss, so no re-decision from the
 // staging layer hides the window.
 func TestCommitWindowWrite(t *testing.T) {
+	sum, work := runWindow(t, windowSecret)
+	if b, err := os.ReadFile(filepath.Join(work, "a.txt")); err == nil && strings.Contains(string(b), windowSecret) {
+		t.Errorf("a.txt committed with the secret the policy refuses there (on the release of its earlier write)")
+	}
+	// Decided on its own content: the traced write of the secret.
+	if !tracedWrite(sum.Refused, "a.txt", windowSecret) {
+		t.Errorf("the secret's write to a.txt was not refused on its traced content: refused %+v", sum.Refused)
+	}
+}
+
+// TestCommitWindowRewrite: the same window with a later write the policy
+// releases: a.txt is committed with the later content, released on its
+// own traced write (the window closed costs no legitimate rewrite; this
+// one passes with or without the second Sync).
+func TestCommitWindowRewrite(t *testing.T) {
+	const second = "clean, second version"
+	sum, work := runWindow(t, second)
+	if got := readString(t, filepath.Join(work, "a.txt")); got != second {
+		t.Errorf("a.txt is %q, want %q committed", got, second)
+	}
+	if !tracedWrite(sum.Released, "a.txt", second) {
+		t.Errorf("the second write to a.txt was not released on its traced content: released %+v", sum.Released)
+	}
+}
+
+// tracedWrite reports whether ds has a decision on a traced write (it has
+// an offset) of data containing data to path.
+func tracedWrite(ds []decide.Decision, path, data string) bool {
+	for _, d := range ds {
+		if d.Event != nil && d.Event.Obj == path && fieldOf(d.Event, "offset") && strings.Contains(fieldValue(d.Event, "data"), data) {
+			return true
+		}
+	}
+	return false
+}
+
+// runWindow runs windowAgent with second as a.txt's later content, written
+// while a commit point sits between its first Sync and its scan, and
+// checks that the window was there; it returns the run's summary and W.
+func runWindow(t *testing.T, second string) (*Summary, string) {
+	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireTool(t, "python3")
 	work := workdir(t)
@@ -194,12 +236,12 @@ func TestCommitWindowWrite(t *testing.T) {
 	}
 	pr, pw := io.Pipe()
 	defer pw.Close()
-	p := &windowProbe{stdin: pw, gate: make(chan struct{}), said: map[string]chan struct{}{
+	p := &windowProbe{second: second, stdin: pw, gate: make(chan struct{}), said: map[string]chan struct{}{
 		"ready": make(chan struct{}), "wrote-clean": make(chan struct{}), "wrote-secret": make(chan struct{})}}
 	var out syncBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	script := "SECRET = " + fmt.Sprintf("%q", windowSecret) + "\n" + windowAgent
+	script := "SECRET = " + fmt.Sprintf("%q", second) + "\n" + windowAgent
 	cfg := Config{ID: testutil.UniqueName("w"), StateDir: t.TempDir(), Policy: pol, PolicyPath: "window.yaml",
 		Workdir: work, Task: "Write the files", Argv: []string{"/usr/bin/python3", "-c", script}, UID: sandboxUID, GID: sandboxUID,
 		HoldTimeout: 3 * time.Second, Stdin: pr, Stdout: p, Stderr: &out,
@@ -228,34 +270,22 @@ func TestCommitWindowWrite(t *testing.T) {
 		t.Fatalf("the probe: %s\n%s", strings.Join(errs, "; "), log)
 	}
 	// The window was there: the clean write decided and released, the
-	// secret written before the scan, its record held past it; and
+	// later one written before the scan, its record held past it; and
 	// nothing made the commit point decide a.txt again from the staging
 	// layer.
 	if phase < 2 || !released {
-		t.Fatalf("not tested: the secret was written at phase %d, a.txt released before it: %v\n%s", phase, released, log)
+		t.Fatalf("not tested: the later write was made at phase %d, a.txt released before it: %v\n%s", phase, released, log)
 	}
 	if p.gated.Load() == 0 {
-		t.Fatalf("not tested: the reader never held the secret's write record\n%s", log)
+		t.Fatalf("not tested: the reader never held the later write's record\n%s", log)
 	}
 	if n, l := p.malformed.Load(), p.losses.Load(); n != 0 || l != 0 || strings.Contains(log, "file events were lost or malformed") {
 		t.Fatalf("not tested: %d malformed records, %d losses (the staged changes were decided again from the staging layer)\n%s", n, l, log)
 	}
-	if b, err := os.ReadFile(filepath.Join(work, "a.txt")); err == nil && strings.Contains(string(b), windowSecret) {
-		t.Errorf("a.txt committed with the secret the policy refuses there (on the release of its earlier write)\n%s", log)
-	}
 	if got := readString(t, filepath.Join(work, "b.txt")); got != "fine\n" {
 		t.Errorf("b.txt is %q, want it committed", got)
 	}
-	// Decided on its own content: the traced write of the secret.
-	refused := false
-	for _, d := range sum.Refused {
-		if d.Event != nil && d.Event.Obj == "a.txt" && fieldOf(d.Event, "offset") && strings.Contains(fieldValue(d.Event, "data"), windowSecret) {
-			refused = true
-		}
-	}
-	if !refused {
-		t.Errorf("the secret's write to a.txt was not refused on its traced content: refused %+v", sum.Refused)
-	}
+	return sum, work
 }
 
 // fieldValue is the value of ev's field named name.
