@@ -105,7 +105,9 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 // every event read, resolved, its content read back from M and mapped
 // to decide.Events (Sync included in the time), and traced as before
 // batched wake-ups ("eager": Config.WakeupInterval -1, a wake-up per
-// record whenever the reader has caught up). Rounds alternate the variants so
+// record whenever the reader has caught up), and traced with every
+// record's content read back from M instead of copied by the kernel
+// ("readback": Config.ReadBack, as before the copy). Rounds alternate the variants so
 // machine noise hits them alike. ns/op is the traced cycle; ratio =
 // traced / plain (wall time); cpu-ratio compares the CPU time of the
 // child and of this process (the reader) instead, which the other work
@@ -120,7 +122,7 @@ func BenchmarkFileCycle(b *testing.B) {
 
 func benchCycle(b *testing.B, script string) {
 	root := mountOverlay(b)
-	variants := []string{"plain", "traced", "eager"}
+	variants := []string{"plain", "traced", "eager", "readback"}
 	helpers := map[string]*helper{}
 	for _, d := range variants {
 		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
@@ -137,7 +139,7 @@ func benchCycle(b *testing.B, script string) {
 	wall := map[string]time.Duration{}
 	cpu := map[string]time.Duration{}   // the child's and this process's
 	child := map[string]time.Duration{} // the child's alone
-	var nEvents, nContentErrs, nEagerErrs int64
+	var nEvents, nContentErrs, nEagerErrs, nReadbackErrs int64
 	var lost uint64
 	// measure runs per cycles of h and adds its wall and CPU time
 	// (the child's and this process's) to variant v.
@@ -173,6 +175,12 @@ func benchCycle(b *testing.B, script string) {
 		nEagerErrs += cerrs.Load()
 		lost += tr.Lost()
 		stop()
+
+		tr, _, cerrs, stop = benchTracer(b, Config{Root: root, ReadBack: true}, helpers["readback"].pid)
+		measure("readback", helpers["readback"], tr)
+		nReadbackErrs += cerrs.Load()
+		lost += tr.Lost()
+		stop()
 	}
 	n := float64(per * rounds)
 	b.ReportMetric(float64(wall["traced"].Nanoseconds())/n, "ns/op")
@@ -191,9 +199,14 @@ func benchCycle(b *testing.B, script string) {
 	b.ReportMetric(float64((cpu["traced"]-child["traced"]).Nanoseconds())/n, "reader-cpu-ns/op")
 	b.ReportMetric(float64((cpu["eager"]-child["eager"]).Nanoseconds())/n, "eager-reader-cpu-ns/op")
 	b.ReportMetric(float64(cpu["eager"])/float64(cpu["plain"]), "eager-cpu-ratio")
+	b.ReportMetric(float64(wall["readback"])/float64(wall["plain"]), "readback-ratio")
+	b.ReportMetric(float64(child["readback"].Nanoseconds())/n, "readback-child-cpu-ns/op")
+	b.ReportMetric(float64((cpu["readback"]-child["readback"]).Nanoseconds())/n, "readback-reader-cpu-ns/op")
+	b.ReportMetric(float64(cpu["readback"])/float64(cpu["plain"]), "readback-cpu-ratio")
 	b.ReportMetric(float64(nEvents)/n, "events/op")
 	b.ReportMetric(float64(nContentErrs)/n, "content-err/op")
 	b.ReportMetric(float64(nEagerErrs)/n, "eager-content-err/op")
+	b.ReportMetric(float64(nReadbackErrs)/n, "readback-content-err/op")
 	b.ReportMetric(float64(lost), "lost")
 }
 

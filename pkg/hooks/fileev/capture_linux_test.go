@@ -3,11 +3,13 @@
 package fileev
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -50,6 +52,7 @@ func TestContentCaptured(t *testing.T) {
 		cfg  Config
 	}{
 		{"captured", Config{}},
+		{"captured raw_tp", Config{Attach: MechRawTP}},
 		{"cap 16", Config{MaxContent: 16}},
 		{"read back", Config{ReadBack: true}},
 	} {
@@ -170,4 +173,100 @@ func TestContentCaptured(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCaptureYieldsToLaggingReader: while half the ring or more waits
+// unread, a read or write is recorded without its bytes (176 bytes, not
+// up to 4,272) and its content is read back instead, so that a reader
+// that lags does not lose records. The reader is held while a python3
+// writes 150 files of 4 KiB into a 1 MiB ring: the first writes are
+// captured, the last are not, every content is right, nothing is lost.
+func TestCaptureYieldsToLaggingReader(t *testing.T) {
+	testutil.RequireRoot(t)
+	const n = 150
+	root := mountOverlay(t)
+	cg, err := NewCgroup(testutil.UniqueName("fcap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cg.Remove() })
+	tr, err := New(Config{Root: root, RingBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gate sync.Mutex
+	col := &collector{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	gate.Lock()
+	go func() {
+		done <- tr.Run(ctx, func(r *Record, evs []decide.Event) {
+			gate.Lock()
+			gate.Unlock() //lint:ignore SA2001 a gate, not a critical section
+			col.handle(r, evs)
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		tr.Close()
+	})
+	if _, err := tr.Trace(Target{Cgroup: cg.Path}); err != nil {
+		gate.Unlock()
+		t.Fatal(err)
+	}
+	f, err := cg.Open()
+	if err != nil {
+		gate.Unlock()
+		t.Fatal(err)
+	}
+	defer f.Close()
+	script := fmt.Sprintf(`
+import os
+for i in range(%d):
+    fd = os.open("w%%d" %% i, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, (b"%%04d" %% i) * 1024)
+    os.close(fd)
+`, n)
+	cmd := exec.Command("/usr/bin/python3", "-S", "-c", script)
+	cmd.Dir = root
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	out, err := cmd.CombinedOutput()
+	gate.Unlock()
+	if err != nil {
+		t.Fatalf("python3: %v %s", err, out)
+	}
+	syncTracer(t, tr)
+	if lost := tr.Lost(); lost != 0 {
+		t.Fatalf("%d records lost", lost)
+	}
+	captured := map[int]bool{}
+	for _, r := range col.all() {
+		var i int
+		if r.Op != OpWrite || r.Ret <= 0 || !r.InRoot {
+			continue
+		}
+		if _, err := fmt.Sscanf(r.Path, "w%d", &i); err != nil {
+			continue
+		}
+		if want := strings.Repeat(fmt.Sprintf("%04d", i), 1024); r.Content != want || r.ContentErr != "" {
+			t.Errorf("%s: content %.12q (%d bytes) err %q", r.Path, r.Content, len(r.Content), r.ContentErr)
+		}
+		captured[i] = r.ContentCaptured
+	}
+	if len(captured) != n {
+		t.Fatalf("%d writes recorded, want %d", len(captured), n)
+	}
+	if !captured[0] || captured[n-1] {
+		t.Errorf("first write captured %v, last %v: want the first captured, the last read back", captured[0], captured[n-1])
+	}
+	k := 0
+	for i := range n {
+		if captured[i] {
+			k++
+		}
+	}
+	t.Logf("%d of %d writes captured before half the ring waited", k, n)
 }
