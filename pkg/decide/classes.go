@@ -206,7 +206,10 @@ func hostOf(x string) string {
 	} else if k := strings.IndexAny(v, "/?#"); k >= 0 {
 		v = v[:k]
 	}
-	v = strings.TrimSuffix(strings.TrimPrefix(v, "www."), ".")
+	for strings.HasPrefix(v, "www.") { // "www.www.example.org" too: a name under the same owner
+		v = v[len("www."):]
+	}
+	v = strings.TrimSuffix(v, ".")
 	if !looksLikeHost(v) {
 		return ""
 	}

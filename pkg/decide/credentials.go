@@ -157,6 +157,9 @@ func addBinding(ep *Endpoint, s string) error {
 	if h == "" {
 		return errors.New("empty host")
 	}
+	if strings.HasSuffix(h, ".") || strings.Contains(h, "..") {
+		return fmt.Errorf("%q has an empty label", s)
+	}
 	for _, r := range h {
 		if !('a' <= r && r <= 'z' || '0' <= r && r <= '9' || strings.ContainsRune("-._*?[]{}", r)) {
 			return fmt.Errorf("%q is not a host name, address or CIDR", s)

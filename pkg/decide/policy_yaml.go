@@ -749,6 +749,10 @@ func (p *policyParser) hostGlob(n *yaml.Node, path string) (Glob, bool) {
 		p.errAt(n, path, "%q is a URL; write the host name only", clipForMsg(s))
 		return Glob{}, false
 	}
+	if strings.HasSuffix(h, ".") || strings.Contains(h, "..") {
+		p.errAt(n, path, "%q has an empty label", clipForMsg(s))
+		return Glob{}, false
+	}
 	for _, r := range h {
 		switch {
 		case 'a' <= r && r <= 'z', '0' <= r && r <= '9', strings.ContainsRune("-._*?[]{},!^\\", r):

@@ -281,6 +281,9 @@ var policyErrorCases = []struct {
 		`t.yaml:4:41: trusted.hosts[2]: "10.0.0.1" is an address; list addresses under cidrs`,
 		`t.yaml:4:51: trusted.hosts[3]: "a b.com": character ' ' is not allowed in a host glob`,
 		`t.yaml:4:62: trusted.hosts[4]: "bücher.de" is not ASCII; write the IDNA (xn--) form`}},
+	{"empty host labels", "version: 1\nlevels: [public]\ntrusted:\n  hosts: [\"a.com..\", \"a..com\"]\n", []string{
+		`t.yaml:4:11: trusted.hosts[0]: "a.com.." has an empty label`,
+		`t.yaml:4:22: trusted.hosts[1]: "a..com" has an empty label`}},
 	{"addresses as hosts", "version: 1\nlevels: [public]\ntrusted:\n  hosts: [\"10.0.0.1.\", \"[fd00::1]\"]\n", []string{
 		`t.yaml:4:11: trusted.hosts[0]: "10.0.0.1." is an address; list addresses under cidrs`,
 		`t.yaml:4:24: trusted.hosts[1]: "[fd00::1]" is an address; list addresses under cidrs`}},
