@@ -643,13 +643,16 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 			if (n > (__u64)ret)
 				n = ret;
 			__u64 size = sizeof(de->h);
-			/* Only while less than half the ring waits unread: a
-			 * reader that lags (a loaded machine) gets header-only
-			 * records, 176 bytes as before, and reads content back,
-			 * instead of a ring filled 25 times faster and lost
-			 * records (each of which counts as reading everything). */
+			/* Only while less than an eighth of the ring waits
+			 * unread (the default wake-up threshold: a reader
+			 * that keeps up): a reader that lags (a loaded
+			 * machine) gets header-only records, 176 bytes as
+			 * before, and reads content back, instead of a ring
+			 * filled many times faster and lost records (each of
+			 * which counts as reading everything). Captured data
+			 * takes at most an eighth of the ring from a burst. */
 			if (bpf_ringbuf_query(&ft_events, BPF_RB_AVAIL_DATA) + sizeof(*de) >
-			    bpf_ringbuf_query(&ft_events, BPF_RB_RING_SIZE) / 2)
+			    bpf_ringbuf_query(&ft_events, BPF_RB_RING_SIZE) / 8)
 				n = 0;
 			if (n && bpf_probe_read_user(de->data, n, (const void *)in->args[1]) == 0) {
 				de->h.dlen = n;

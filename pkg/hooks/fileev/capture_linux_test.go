@@ -175,7 +175,7 @@ func TestContentCaptured(t *testing.T) {
 	}
 }
 
-// TestCaptureYieldsToLaggingReader: while half the ring or more waits
+// TestCaptureYieldsToLaggingReader: while an eighth of the ring or more waits
 // unread, a read or write is recorded without its bytes (176 bytes, not
 // up to 4,272) and its content is read back instead, so that a reader
 // that lags does not lose records. The reader is held while a python3
@@ -268,5 +268,5 @@ for i in range(%d):
 			k++
 		}
 	}
-	t.Logf("%d of %d writes captured before half the ring waited", k, n)
+	t.Logf("%d of %d writes captured before an eighth of the ring waited", k, n)
 }
