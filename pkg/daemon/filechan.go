@@ -243,7 +243,12 @@ func unattributedRead(r *fileev.Record) bool {
 // unseenWrite reports the path in M of a write whose content the tracer
 // did not see whole: its read-back failed (the file was renamed, replaced
 // or removed before the reader got to it), was cut at MaxContent, or the
-// bytes go through a shared mapping.
+// bytes go through a shared mapping. A write whose content was captured
+// at the syscall counts too: the capture is the caller's buffer at
+// sys_exit, which another thread (or a MAP_SHARED buffer) can change
+// after the kernel copied it, so the write is decided early on what the
+// capture shows and its commit again on what the staging layer holds
+// (docs/file-events.md, Known limits).
 func unseenWrite(r *fileev.Record) (string, bool) {
 	if r.Kind != fileev.KindSyscall || r.Ret < 0 || r.Malformed != "" {
 		return "", false
@@ -251,7 +256,7 @@ func unseenWrite(r *fileev.Record) (string, bool) {
 	partial := r.ContentErr != "" || r.ContentTruncated
 	switch r.Op {
 	case fileev.OpWrite:
-		return r.Path, r.InRoot && r.Ret > 0 && partial
+		return r.Path, r.InRoot && r.Ret > 0 && (partial || r.ContentCaptured)
 	case fileev.OpCopy:
 		return r.Path2, r.InRoot2 && r.Path2 != "" && r.Ret > 0 && partial
 	case fileev.OpMmap:
@@ -559,6 +564,15 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			continue
 		}
 		state, unseen := fc.state(c.Path), fc.takeUnseen(c.Path)
+		if unseen && state != nil && fc.verdictOf(state) == decide.Defer {
+			// Its decision is still held (a question open): not asked
+			// a second time meanwhile, not committed; decided again from
+			// the staging layer once that decision is final.
+			fc.mu.Lock()
+			fc.unseen[c.Path] = true
+			fc.mu.Unlock()
+			continue
+		}
 		if state == nil || unseen || fc.lostToDecide(c, state) {
 			// Not seen by tracing, written with content it did not
 			// see, or staged when events were lost: decide it now from

@@ -9,8 +9,9 @@ import (
 	"github.com/carbd/carbd/pkg/hooks/fileev"
 )
 
-// TestNoteUnseen: a write whose content the tracer could not read back
-// marks its path to be decided from the staging layer; the mark follows
+// TestNoteUnseen: a write whose content the tracer could not read back,
+// or captured from the caller's buffer (which can change after the
+// kernel's copy), marks its path to be decided from the staging layer; the mark follows
 // the file to its new name (rename, its directory renamed) and to a
 // second one (link); removing a path forgets it; taking it once clears
 // it.
@@ -30,6 +31,7 @@ func TestNoteUnseen(t *testing.T) {
 		sc(fileev.OpWrite, 5, "t.tmp", "", gone),                                                            // unseen
 		sc(fileev.OpRename, 0, "t.tmp", "out.txt", nil),                                                     // follows it
 		sc(fileev.OpWrite, 5, "big.bin", "", func(r *fileev.Record) { r.ContentTruncated = true }),          // cut at MaxContent
+		sc(fileev.OpWrite, 5, "cap.txt", "", func(r *fileev.Record) { r.ContentCaptured = true }),           // captured: the buffer at sys_exit
 		sc(fileev.OpCopy, 5, "/etc/passwd", "d/copy", func(r *fileev.Record) { r.InRoot = false; gone(r) }), // copy into M
 		sc(fileev.OpRename, 0, "d", "e", nil),                                                               // its directory renamed
 		sc(fileev.OpLink, 0, "big.bin", "big2.bin", nil),                                                    // a second name
@@ -50,7 +52,7 @@ func TestNoteUnseen(t *testing.T) {
 		got = append(got, p)
 	}
 	sort.Strings(got)
-	want := []string{"big.bin", "big2.bin", "db", "e/copy", "in.txt", "out.txt", "s1", "s2"}
+	want := []string{"big.bin", "big2.bin", "cap.txt", "db", "e/copy", "in.txt", "out.txt", "s1", "s2"}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("unseen paths (-want +got):\n%s", d)
 	}
