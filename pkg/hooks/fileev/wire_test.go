@@ -63,7 +63,11 @@ func encodeEvent(e *rawEvent) []byte {
 				continue
 			}
 			copy(b[offPath+pathMax*i:], p)
-			le.PutUint16(b[offPlen+2*i:], uint16(len(p)+1))
+			n := len(p) + 1 // with the NUL the kernel copies
+			if n > pathMax {
+				n = pathMax // a path filling its slot (decodeEvent accepts one without its NUL)
+			}
+			le.PutUint16(b[offPlen+2*i:], uint16(n))
 		}
 	}
 	return b
