@@ -336,6 +336,14 @@ func (fc *fileChannel) followUnseen(from, to string, drop bool) []string {
 	return found
 }
 
+// keepUnseen marks path unseen again after takeUnseen, when the commit
+// point could not decide it yet.
+func (fc *fileChannel) keepUnseen(path string) {
+	fc.mu.Lock()
+	fc.unseen[path] = true
+	fc.mu.Unlock()
+}
+
 // takeUnseen reports whether path's content was not seen by the event
 // stream since its last decision from the staging layer, and forgets it.
 func (fc *fileChannel) takeUnseen(path string) bool {
@@ -568,9 +576,7 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			// Its decision is still held (a question open): not asked
 			// a second time meanwhile, not committed; decided again from
 			// the staging layer once that decision is final.
-			fc.mu.Lock()
-			fc.unseen[c.Path] = true
-			fc.mu.Unlock()
+			fc.keepUnseen(c.Path)
 			continue
 		}
 		if state == nil || unseen || fc.lostToDecide(c, state) {
@@ -582,9 +588,7 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 				// Not committed on what tracing saw: it keeps its
 				// marks, and the next commit point tries again.
 				if unseen {
-					fc.mu.Lock()
-					fc.unseen[c.Path] = true
-					fc.mu.Unlock()
+					fc.keepUnseen(c.Path)
 				}
 				fc.d.log.Warn("staged change", "path", c.Path, "err", err)
 				continue
