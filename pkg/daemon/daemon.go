@@ -609,6 +609,9 @@ func (d *daemon) refuseHeld(cf *ComponentError) {
 		d.record(e)
 		d.auditFailed(e)
 	}
+	if r.Notice != "" {
+		d.notify(r.Notice)
+	}
 	if d.net != nil {
 		d.net.applyResolution(r)
 	}
@@ -782,11 +785,15 @@ func (d *daemon) applyResolution(r *decide.Resolution) {
 			d.files.note(e)
 		}
 	}
-	if d.net != nil {
-		d.net.applyResolution(r)
-	}
+	// The notice first: an agent that sees its send refused looks for
+	// why at once (the demo's agent reads the notices file as soon as
+	// curl fails), so the notice must exist before the refusal is
+	// visible.
 	if r.Notice != "" {
 		d.notify(r.Notice)
+	}
+	if d.net != nil {
+		d.net.applyResolution(r)
 	}
 }
 
