@@ -221,6 +221,7 @@ func (c *core) dispatch(p *packet) {
 	// when it returns.
 	if !c.cfg.handOff && w.queued.Load() == 0 && w.mu.TryLock() {
 		w.safely(p, func() { w.handle(p) })
+		w.wake()
 		w.mu.Unlock()
 		return
 	}
@@ -386,8 +387,22 @@ func (c *core) resolve(res Resolution) bool {
 	c.tmu.Unlock()
 	if ok {
 		ref.w.post(resolutionResult(ref.id, res))
+	} else if res.Ticket != 0 {
+		// Wake a worker, whose ticks sweep what is kept (sweepEarly)
+		// while any is; a full ctl queue wakes it anyway.
+		select {
+		case c.workers[0].ctl <- func() {}:
+		default:
+		}
 	}
 	return ok
+}
+
+// hasEarly reports whether resolutions wait for their tickets.
+func (c *core) hasEarly() bool {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	return len(c.early) > 0
 }
 
 // sweepEarly forgets early resolutions older than the hold timeout.
@@ -449,6 +464,11 @@ type worker struct {
 	hws     map[hwKey][6]byte
 	nextID  uint64
 	expired time.Time // last parser.Expire
+	// timer fires the next tick; armed is the delay it was last set to
+	// (0: stopped). Ticks run only while the worker has something to
+	// expire (see nextTick): an idle loop does not wake.
+	timer *time.Timer
+	armed time.Duration
 }
 
 // flowState is what the loop knows of one TCP flow (or a UDP flow decided
@@ -525,7 +545,9 @@ func newWorker(c *core, idx int) *worker {
 		dgq:     map[tcx.FlowKey][]*effect{},
 		frags:   map[netparse.FragKey][]*packet{},
 		hws:     map[hwKey][6]byte{},
+		timer:   time.NewTimer(time.Hour),
 	}
+	w.timer.Stop()
 	w.parser = w.newParser()
 	return w
 }
@@ -545,6 +567,7 @@ func (w *worker) newParser() *netparse.Parser {
 func (w *worker) apply(r result) {
 	if !w.c.cfg.handOff && w.mu.TryLock() {
 		w.safely(nil, func() { w.result(r) })
+		w.wake()
 		w.mu.Unlock()
 		return
 	}
@@ -561,8 +584,7 @@ func (w *worker) post(r result) {
 
 func (w *worker) run() {
 	defer close(w.done)
-	t := time.NewTicker(tickEvery)
-	defer t.Stop()
+	defer w.timer.Stop()
 	for {
 		select {
 		case p, ok := <-w.in:
@@ -574,18 +596,26 @@ func (w *worker) run() {
 			}
 			w.safely(p, func() { w.handle(p) })
 			w.queued.Add(-1)
+			w.wake()
 			w.mu.Unlock()
 		case r := <-w.results:
 			w.mu.Lock()
 			w.safely(nil, func() { w.result(r) })
+			w.wake()
 			w.mu.Unlock()
 		case f := <-w.ctl:
 			w.mu.Lock()
 			w.safely(nil, f)
+			w.wake()
 			w.mu.Unlock()
-		case now := <-t.C:
+		case now := <-w.timer.C:
 			w.mu.Lock()
+			w.armed = 0
 			w.safely(nil, func() { w.tick(now) })
+			if d := w.nextTick(now); d > 0 {
+				w.armed = d
+				w.timer.Reset(d)
+			}
 			w.mu.Unlock()
 		}
 	}
@@ -1411,6 +1441,41 @@ func (w *worker) dnsClientsGone(now time.Time) {
 			}
 		}
 	}
+}
+
+// wake makes the next tick come within tickEvery: the worker's state may
+// have changed (a packet, a decision, a control function). Called with
+// w.mu held, after every change; it costs a comparison when the timer
+// runs at tickEvery already. The tick then sets its own next delay.
+func (w *worker) wake() {
+	if w.armed != tickEvery {
+		w.armed = tickEvery
+		w.timer.Reset(tickEvery)
+	}
+}
+
+// nextTick is the delay before the next tick (0: none until something
+// happens, see wake): tickEvery while the worker holds anything a timeout
+// applies to (held packets, pending effects, fragments, DNS queries, a
+// resolution kept for a ticket not yet registered); while it only
+// remembers idle flows, until the first of them is idle for FlowIdle (the
+// parser's flows follow the worker's: the same packets update both; its
+// flows without one of the worker's go at most FlowIdle later).
+func (w *worker) nextTick(now time.Time) time.Duration {
+	if len(w.holding) > 0 || len(w.effects) > 0 || len(w.frags) > 0 || len(w.dgq) > 0 || w.c.hasEarly() {
+		return tickEvery
+	}
+	idle := w.parser.Config().FlowIdle
+	var next time.Duration
+	for _, f := range w.flows {
+		if d := f.last.Add(idle).Sub(now); next == 0 || d < next {
+			next = max(d, tickEvery)
+		}
+	}
+	if next == 0 && w.parser.Flows() > 0 {
+		next = idle
+	}
+	return next
 }
 
 // tick expires what waited too long.
