@@ -9,14 +9,20 @@
  * process in ft_inflight (keyed by thread id); sys_exit pairs them with the
  * return value, describes the file descriptors involved from the task's
  * file table, copies path arguments from user memory, and submits one
- * record to the ft_events ring buffer. A record that cannot be reserved, an
- * entry that cannot be remembered and a child that cannot be traced each
- * count in ft_counters: userspace treats any count as "events were lost,
- * re-scan before committing".
+ * record to the ring buffer of the process's slot. A record that cannot be
+ * reserved, an entry that cannot be remembered and a child that cannot be
+ * traced each count in the slot's ft_counters: userspace treats any count
+ * as "events were lost, re-scan before committing".
  *
- * Processes are traced by thread group id (ft_pids; children follow when
- * FT_T_FOLLOW is set) or by cgroup v2 id (ft_cgroups: the cgroup and its
- * descendants; ft_cgroup_levels says at which levels to look).
+ * One instance serves every sandbox of the host (pkg/hooks/fileev pins it
+ * under bpffs; the first carbd loads it, the others reuse it): each
+ * sandbox's carbd owns a slot, with its own ring buffer (ft_rings) and
+ * read generation (ft_gens), both inner maps it creates and inserts, its
+ * settings (ft_slots) and its loss counters. A process is traced by
+ * thread group id (ft_pids; children follow when FT_T_FOLLOW is set) or by
+ * cgroup v2 id (ft_cgroups: the cgroup and its descendants; ft_levels says
+ * at which levels to look), and the entry names its slot: a sandbox's
+ * records reach only its own ring.
  *
  * Every program exists twice: as tp_btf (preferred) and as raw_tracepoint
  * (for kernels that refuse BTF-typed tracing). Userspace loads one set.
@@ -28,60 +34,66 @@
 #include <bpf/bpf_core_read.h>
 
 #include "ftrace_events.h"
-#include "carbd/read_gen.h"
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
-/* Set before load: carbd's own tgid, never traced (its content reads
- * would feed back into the stream). */
-volatile const __u32 ft_self_tgid = 0;
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, FT_MAX_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ft_slot);
+} ft_slots SEC(".maps");
 
-/* The device (kernel encoding) of the traced tree M: only reads of
- * regular files on it bump read_gen (userspace maps no other read to a
- * read event). Set before load; 0: reads of any regular file bump it. */
-volatile const __u32 ft_gen_dev = 0;
-
-/* Most bytes of a read's or write's buffer copied into its record
- * (struct ft_data_event), at most FT_DATA_MAX. Set before load; 0 copies
- * none (userspace then reads content back from M, or reads none). */
-volatile const __u32 ft_data_max = 0;
-
-/* Wake-ups of the reader (userspace's ring buffer epoll) are batched: a
- * record is submitted with BPF_RB_FORCE_WAKEUP when the last forced
- * wake-up is at least ft_wakeup_ns old, or when ft_wakeup_bytes or more
- * wait in ft_events; otherwise with BPF_RB_NO_WAKEUP. The reader, once
- * woken, polls again ft_wakeup_ns later for what came meanwhile, and
- * stays awake until a wake-up is due again: no record waits unread much
- * longer than ft_wakeup_ns, and a burst costs one wake-up per period, not
- * one per record. A sync marker always wakes the reader. Set before load;
- * ft_wakeup_ns 0: the kernel's default (a wake-up whenever the reader has
- * caught up). */
-volatile const __u64 ft_wakeup_ns = 0;
-volatile const __u64 ft_wakeup_bytes = 0;
-
-/* bpf_ktime_get_ns of the last forced wake-up (read by userspace). Racy
- * between CPUs by design: the worst case is one extra wake-up. */
-volatile __u64 ft_last_wakeup = 0;
-
-/* Bit L set: some traced cgroup sits at level L. Written by userspace at
- * run time (the .bss map is mmapable). */
-volatile __u32 ft_cgroup_levels = 0;
+/* The template of a slot's ring buffer. Each carbd creates its own ring
+ * (of the size it wants) and inserts it at its slot. */
+struct ft_ring {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 12);
+};
 
 struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 22); /* userspace may resize before load */
-} ft_events SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, FT_MAX_SLOTS);
+	__type(key, __u32);
+	__array(values, struct ft_ring);
+} ft_rings SEC(".maps");
+
+/* The template of a slot's read generation: the map shared with the
+ * sandbox's TC program (bpf/include/carbd/read_gen.h, the same layout),
+ * inserted at its slot. */
+struct ft_gen {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, FT_MAX_SLOTS);
+	__type(key, __u32);
+	__array(values, struct ft_gen);
+} ft_gens SEC(".maps");
+
+/* Bit L set: some traced cgroup sits at level L (the union of the levels
+ * in ft_cgroups, written by userspace). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} ft_levels SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 16384);
 	__type(key, __u32); /* tgid */
 	__type(value, struct ft_target);
 } ft_pids SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(max_entries, 1024);
 	__type(key, __u64); /* cgroup v2 id */
 	__type(value, struct ft_target);
 } ft_cgroups SEC(".maps");
@@ -90,12 +102,15 @@ struct ft_inflight {
 	__u64 args[6];
 	__u32 nr;
 	__u32 target;
+	__u32 slot;
+	__u32 pad;
 	struct ft_fdinfo fi; /* close: the descriptor before it goes away */
 };
 
+/* Shared by every slot: a thread has at most one syscall in flight. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 32768);
 	__type(key, __u32); /* thread id */
 	__type(value, struct ft_inflight);
 } ft_inflight SEC(".maps");
@@ -114,7 +129,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, FT_C_MAX);
+	__uint(max_entries, FT_MAX_SLOTS * FT_C_MAX);
 	__type(key, __u32);
 	__type(value, __u64);
 } ft_counters SEC(".maps");
@@ -128,6 +143,8 @@ struct ft_wire {
 	enum ft_op op;
 	enum ft_flag flag;
 	enum ft_counter counter;
+	struct ft_target target;
+	struct ft_slot slot;
 };
 const struct ft_wire *unused_ft_wire __attribute__((unused));
 
@@ -316,46 +333,70 @@ static __always_inline int describe(long nr, struct ft_sc *sc)
 #undef N
 #undef R
 
-/* wakeup is the submit flag of a record: see ft_wakeup_ns. The queried
- * bytes include the record being submitted (it is reserved). */
-static __always_inline __u64 wakeup(void)
+/* slot_of returns the settings of slot, or NULL. */
+static __always_inline struct ft_slot *slot_of(__u32 slot)
 {
-	__u64 period = ft_wakeup_ns;
+	return bpf_map_lookup_elem(&ft_slots, &slot);
+}
+
+/* ring_of returns the ring buffer of slot, or NULL while the slot has
+ * none (being set up or torn down: a record then counts as ring full). */
+static __always_inline void *ring_of(__u32 slot)
+{
+	return bpf_map_lookup_elem(&ft_rings, &slot);
+}
+
+/* wakeup is the submit flag of a record for ring rb of slot: see struct
+ * ft_slot. The queried bytes include the record being submitted (it is
+ * reserved). */
+static __always_inline __u64 wakeup(__u32 slot, void *rb)
+{
+	struct ft_slot *s = slot_of(slot);
+	if (!s)
+		return 0;
+	__u64 period = s->wakeup_ns;
 	if (!period)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
-	if (now - ft_last_wakeup >= period ||
-	    bpf_ringbuf_query(&ft_events, BPF_RB_AVAIL_DATA) >= ft_wakeup_bytes) {
-		ft_last_wakeup = now;
+	if (now - s->last_wakeup >= period ||
+	    bpf_ringbuf_query(rb, BPF_RB_AVAIL_DATA) >= s->wakeup_bytes) {
+		s->last_wakeup = now;
 		return BPF_RB_FORCE_WAKEUP;
 	}
 	return BPF_RB_NO_WAKEUP;
 }
 
-static __always_inline void count(__u32 idx)
+static __always_inline void count(__u32 slot, __u32 idx)
 {
-	__u64 *c = bpf_map_lookup_elem(&ft_counters, &idx);
+	if (slot >= FT_MAX_SLOTS || idx >= FT_C_MAX)
+		return;
+	__u32 key = slot * FT_C_MAX + idx;
+	__u64 *c = bpf_map_lookup_elem(&ft_counters, &key);
 	if (c)
 		*c += 1;
 }
 
-/* bump_read_gen: the agent may have read something new (read_gen.h). It
- * comes after the record is submitted (or the loss counted): a reader
- * that sees the new generation and then syncs finds the record before its
- * marker. The add is atomic, a full barrier on x86-64. */
-static __always_inline void bump_read_gen(void)
+/* bump_read_gen: the agent of slot may have read something new
+ * (read_gen.h). It comes after the record is submitted (or the loss
+ * counted): a reader that sees the new generation and then syncs finds
+ * the record before its marker. The add is atomic, a full barrier on
+ * x86-64. */
+static __always_inline void bump_read_gen(__u32 slot)
 {
+	void *inner = bpf_map_lookup_elem(&ft_gens, &slot);
+	if (!inner)
+		return;
 	__u32 zero = 0;
-	__u64 *g = bpf_map_lookup_elem(&read_gen, &zero);
+	__u64 *g = bpf_map_lookup_elem(inner, &zero);
 	if (g)
 		__sync_fetch_and_add(g, 1);
 }
 
 /* count_loss counts a loss; a loss may hide a read, so it bumps too. */
-static __always_inline void count_loss(__u32 idx)
+static __always_inline void count_loss(__u32 slot, __u32 idx)
 {
-	count(idx);
-	bump_read_gen();
+	count(slot, idx);
+	bump_read_gen(slot);
 }
 
 static __always_inline int reads_op(__u8 op)
@@ -363,15 +404,15 @@ static __always_inline int reads_op(__u8 op)
 	return op == FT_OP_READ || op == FT_OP_MMAP || op == FT_OP_COPY;
 }
 
-/* traced returns the target of the current process, or NULL. */
-static __always_inline struct ft_target *traced(__u32 tgid)
+/* lookup_target returns the entry that traces process tgid, or NULL. */
+static __always_inline struct ft_target *lookup_target(__u32 tgid)
 {
-	if (tgid == ft_self_tgid)
-		return NULL;
 	struct ft_target *t = bpf_map_lookup_elem(&ft_pids, &tgid);
 	if (t)
 		return t;
-	__u32 levels = ft_cgroup_levels;
+	__u32 zero = 0;
+	__u32 *lv = bpf_map_lookup_elem(&ft_levels, &zero);
+	__u32 levels = lv ? *lv : 0;
 	if (!levels)
 		return NULL;
 	for (int lvl = 0; lvl < FT_MAX_CGROUP_LEVEL; lvl++) {
@@ -385,6 +426,19 @@ static __always_inline struct ft_target *traced(__u32 tgid)
 			return t;
 	}
 	return NULL;
+}
+
+/* traced returns the target of the current process, or NULL; a slot's
+ * owner (carbd) is never traced in its own slot. */
+static __always_inline struct ft_target *traced(__u32 tgid)
+{
+	struct ft_target *t = lookup_target(tgid);
+	if (!t)
+		return NULL;
+	struct ft_slot *s = slot_of(t->slot);
+	if (!s || s->owner_tgid == tgid)
+		return NULL;
+	return t;
 }
 
 /* fd_info describes descriptor fd of the current task from its file
@@ -462,8 +516,9 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 	else
 		status = BPF_CORE_READ((struct task_struct *)bpf_get_current_task(), thread_info.status);
 	if ((status & TS_COMPAT_) || (nr & X32_SYSCALL_BIT_)) {
-		if (traced(bpf_get_current_pid_tgid() >> 32))
-			count_loss(FT_C_COMPAT);
+		struct ft_target *ct = traced(bpf_get_current_pid_tgid() >> 32);
+		if (ct)
+			count_loss(ct->slot, FT_C_COMPAT);
 		return 0;
 	}
 	if (describe(nr, &sc) == FT_OP_NONE)
@@ -477,6 +532,7 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 	read_args(regs, in.args);
 	in.nr = nr;
 	in.target = t->id;
+	in.slot = t->slot;
 	in.fi.fd = -1;
 	switch (sc.op) {
 	case FT_OP_DUP:
@@ -503,9 +559,9 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 		/* Counted before the syscall runs: a read it makes is in
 		 * the loss a sync reports. */
 		if (reads_op(sc.op))
-			count_loss(FT_C_INFLIGHT);
+			count_loss(in.slot, FT_C_INFLIGHT);
 		else
-			count(FT_C_INFLIGHT);
+			count(in.slot, FT_C_INFLIGHT);
 	}
 	return 0;
 }
@@ -617,19 +673,32 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 		if (!reg)
 			goto out;
 	}
+	__u32 slot = in->slot;
+	struct ft_slot *cfg = slot_of(slot);
+	if (!cfg)
+		goto out;
+	__u32 gen_dev = cfg->gen_dev;
+	__u32 data_max = cfg->data_max;
 	/* A read of a regular file of M (a read or a copy that returned
 	 * bytes, from fi[0]; any mmap, whose pages may be made readable
 	 * later without a syscall traced here). */
 	int gen = reads_op(sc.op) && (fl & FT_F_FI0) && is_reg(fi[0].mode) &&
-		  (!ft_gen_dev || fi[0].dev == ft_gen_dev) &&
+		  (!gen_dev || fi[0].dev == gen_dev) &&
 		  (sc.op == FT_OP_MMAP || ret > 0);
+	void *rb = ring_of(slot);
+	if (!rb) {
+		count(slot, FT_C_RINGBUF);
+		if (gen)
+			bump_read_gen(slot);
+		goto out;
+	}
 
 	/* A read or write of one buffer on M's filesystem that moved bytes
 	 * carries them: the buffer holds exactly what was read or written
 	 * now, whatever happens to the file before the reader gets to it. */
 	if ((in->nr == 0 || in->nr == 1 || in->nr == 17 || in->nr == 18) && ret > 0 &&
-	    ft_data_max && (fl & FT_F_FI0) && is_reg(fi[0].mode) &&
-	    (!ft_gen_dev || fi[0].dev == ft_gen_dev)) {
+	    data_max && (fl & FT_F_FI0) && is_reg(fi[0].mode) &&
+	    (!gen_dev || fi[0].dev == gen_dev)) {
 		__u32 zero = 0;
 		struct ft_data_event *de = bpf_map_lookup_elem(&ft_scratch, &zero);
 		if (de) {
@@ -637,7 +706,7 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 			de->h.fi[0] = fi[0];
 			de->h.fi[1] = fi[1];
 			de->h.flags |= fl;
-			__u64 n = ft_data_max;
+			__u64 n = data_max;
 			if (n > FT_DATA_MAX)
 				n = FT_DATA_MAX;
 			if (n > (__u64)ret)
@@ -651,8 +720,8 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 			 * filled many times faster and lost records (each of
 			 * which counts as reading everything). Captured data
 			 * takes at most an eighth of the ring from a burst. */
-			if (bpf_ringbuf_query(&ft_events, BPF_RB_AVAIL_DATA) + sizeof(*de) >
-			    bpf_ringbuf_query(&ft_events, BPF_RB_RING_SIZE) / 8)
+			if (bpf_ringbuf_query(rb, BPF_RB_AVAIL_DATA) + sizeof(*de) >
+			    bpf_ringbuf_query(rb, BPF_RB_RING_SIZE) / 8)
 				n = 0;
 			if (n && bpf_probe_read_user(de->data, n, (const void *)in->args[1]) == 0) {
 				de->h.dlen = n;
@@ -662,20 +731,20 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 				size += n;
 			}
 			/* else: a record without data; the reader reads back */
-			if (bpf_ringbuf_output(&ft_events, de, size, wakeup()))
-				count(FT_C_RINGBUF);
+			if (bpf_ringbuf_output(rb, de, size, wakeup(slot, rb)))
+				count(slot, FT_C_RINGBUF);
 			if (gen)
-				bump_read_gen();
+				bump_read_gen(slot);
 			goto out;
 		}
 	}
 
 	if (sc.path0 == ARG_NONE && sc.path1 == ARG_NONE) {
-		struct ft_event *e = bpf_ringbuf_reserve(&ft_events, sizeof(*e), 0);
+		struct ft_event *e = bpf_ringbuf_reserve(rb, sizeof(*e), 0);
 		if (!e) {
-			count(FT_C_RINGBUF);
+			count(slot, FT_C_RINGBUF);
 			if (gen)
-				bump_read_gen();
+				bump_read_gen(slot);
 			goto out;
 		}
 		fill_header(e, in, &sc, pid_tgid, ret);
@@ -683,15 +752,15 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 		e->fi[1] = fi[1];
 		e->flags |= fl;
 		read_aux(e, &sc, in);
-		bpf_ringbuf_submit(e, wakeup());
+		bpf_ringbuf_submit(e, wakeup(slot, rb));
 		if (gen)
-			bump_read_gen();
+			bump_read_gen(slot);
 		goto out;
 	}
 
-	struct ft_path_event *pe = bpf_ringbuf_reserve(&ft_events, sizeof(*pe), 0);
+	struct ft_path_event *pe = bpf_ringbuf_reserve(rb, sizeof(*pe), 0);
 	if (!pe) {
-		count(FT_C_RINGBUF);
+		count(slot, FT_C_RINGBUF);
 		goto out;
 	}
 	fill_header(&pe->h, in, &sc, pid_tgid, ret);
@@ -729,18 +798,25 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 			}
 		}
 	}
-	bpf_ringbuf_submit(pe, wakeup());
+	bpf_ringbuf_submit(pe, wakeup(slot, rb));
 out:
 	bpf_map_delete_elem(&ft_inflight, &tid);
 	return 0;
 }
 
-static __always_inline void emit_simple(__u16 kind, __u32 tgid, __u32 tid, __u32 target,
-					__u64 arg0)
+static __always_inline void emit_simple(__u16 kind, __u32 tgid, __u32 tid,
+					const struct ft_target *t, __u64 arg0)
 {
-	struct ft_event *e = bpf_ringbuf_reserve(&ft_events, sizeof(*e), 0);
+	__u32 slot = t->slot;
+	__u32 target = t->id;
+	void *rb = ring_of(slot);
+	if (!rb) {
+		count(slot, FT_C_RINGBUF);
+		return;
+	}
+	struct ft_event *e = bpf_ringbuf_reserve(rb, sizeof(*e), 0);
 	if (!e) {
-		count(FT_C_RINGBUF);
+		count(slot, FT_C_RINGBUF);
 		return;
 	}
 	__builtin_memset(e, 0, sizeof(*e));
@@ -752,7 +828,7 @@ static __always_inline void emit_simple(__u16 kind, __u32 tgid, __u32 tid, __u32
 	e->args[0] = arg0;
 	e->fi[0].fd = -1;
 	e->fi[1].fd = -1;
-	bpf_ringbuf_submit(e, wakeup());
+	bpf_ringbuf_submit(e, wakeup(slot, rb));
 }
 
 static __always_inline int on_fork(struct task_struct *parent, struct task_struct *child)
@@ -770,9 +846,9 @@ static __always_inline int on_fork(struct task_struct *parent, struct task_struc
 	struct ft_target *byPid = bpf_map_lookup_elem(&ft_pids, &ptgid);
 	if (byPid && (byPid->flags & FT_T_FOLLOW)) {
 		if (bpf_map_update_elem(&ft_pids, &ctgid, &copy, BPF_ANY))
-			count_loss(FT_C_FORK);
+			count_loss(copy.slot, FT_C_FORK);
 	}
-	emit_simple(FT_K_FORK, ptgid, BPF_CORE_READ(parent, pid), copy.id, ctgid);
+	emit_simple(FT_K_FORK, ptgid, BPF_CORE_READ(parent, pid), &copy, ctgid);
 	return 0;
 }
 
@@ -786,9 +862,9 @@ static __always_inline int on_task_exit(struct task_struct *task)
 	struct ft_target *t = traced(tgid);
 	if (!t)
 		return 0;
-	__u32 id = t->id;
+	struct ft_target copy = *t;
 	bpf_map_delete_elem(&ft_pids, &tgid);
-	emit_simple(FT_K_EXIT, tgid, tid, id, 0);
+	emit_simple(FT_K_EXIT, tgid, tid, &copy, 0);
 	return 0;
 }
 
@@ -844,16 +920,22 @@ int ft_pexit_raw(struct bpf_raw_tracepoint_args *ctx)
 	return on_task_exit((struct task_struct *)ctx->args[0]);
 }
 
-/* ft_marker is run by userspace (BPF_PROG_TEST_RUN) with one argument, a
- * cookie: its record tells the reader that everything submitted before
- * it has been read. It always wakes the reader: it is the flush point of
- * the records submitted without a wake-up. It returns 1 when the record was submitted, 0 when
- * the ring buffer is full (userspace retries; not a loss). */
+/* ft_marker is run by userspace (BPF_PROG_TEST_RUN) with two arguments,
+ * a cookie and a slot: its record in the slot's ring tells the reader
+ * that everything submitted before it has been read. It always wakes the
+ * reader: it is the flush point of the records submitted without a
+ * wake-up. It returns 1 when the record was submitted, 0 when the ring
+ * buffer is full (userspace retries; not a loss), 2 when the slot has no
+ * ring. */
 SEC("raw_tp")
 int ft_marker(struct bpf_raw_tracepoint_args *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct ft_event *e = bpf_ringbuf_reserve(&ft_events, sizeof(*e), 0);
+	__u32 slot = (__u32)ctx->args[1];
+	void *rb = ring_of(slot);
+	if (!rb)
+		return 2;
+	struct ft_event *e = bpf_ringbuf_reserve(rb, sizeof(*e), 0);
 	if (!e)
 		return 0;
 	__builtin_memset(e, 0, sizeof(*e));

@@ -48,6 +48,8 @@ type ftraceFtInflight struct {
 	Args   [6]uint64
 	Nr     uint32
 	Target uint32
+	Slot   uint32
+	Pad    uint32
 	Fi     struct {
 		_     structs.HostLayout
 		Ino   uint64
@@ -59,40 +61,48 @@ type ftraceFtInflight struct {
 	}
 }
 
+type ftraceFtSlot struct {
+	_           structs.HostLayout
+	WakeupNs    uint64
+	WakeupBytes uint64
+	LastWakeup  uint64
+	OwnerTgid   uint32
+	GenDev      uint32
+	DataMax     uint32
+	Pad         uint32
+}
+
 type ftraceFtTarget struct {
 	_     structs.HostLayout
 	Id    uint32
 	Flags uint32
+	Slot  uint32
+	Level uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	ftraceMapFtCgroups      = "ft_cgroups"
-	ftraceMapFtCounters     = "ft_counters"
-	ftraceMapFtEvents       = "ft_events"
-	ftraceMapFtInflight     = "ft_inflight"
-	ftraceMapFtPids         = "ft_pids"
-	ftraceMapFtScratch      = "ft_scratch"
-	ftraceMapReadGen        = "read_gen"
-	ftraceProgFtEnterBtf    = "ft_enter_btf"
-	ftraceProgFtEnterRaw    = "ft_enter_raw"
-	ftraceProgFtExitBtf     = "ft_exit_btf"
-	ftraceProgFtExitRaw     = "ft_exit_raw"
-	ftraceProgFtForkBtf     = "ft_fork_btf"
-	ftraceProgFtForkRaw     = "ft_fork_raw"
-	ftraceProgFtMarker      = "ft_marker"
-	ftraceProgFtPexitBtf    = "ft_pexit_btf"
-	ftraceProgFtPexitRaw    = "ft_pexit_raw"
-	ftraceVarFtCgroupLevels = "ft_cgroup_levels"
-	ftraceVarFtDataMax      = "ft_data_max"
-	ftraceVarFtGenDev       = "ft_gen_dev"
-	ftraceVarFtLastWakeup   = "ft_last_wakeup"
-	ftraceVarFtSelfTgid     = "ft_self_tgid"
-	ftraceVarFtWakeupBytes  = "ft_wakeup_bytes"
-	ftraceVarFtWakeupNs     = "ft_wakeup_ns"
-	ftraceVarUnusedFtWire   = "unused_ft_wire"
+	ftraceMapFtCgroups    = "ft_cgroups"
+	ftraceMapFtCounters   = "ft_counters"
+	ftraceMapFtGens       = "ft_gens"
+	ftraceMapFtInflight   = "ft_inflight"
+	ftraceMapFtLevels     = "ft_levels"
+	ftraceMapFtPids       = "ft_pids"
+	ftraceMapFtRings      = "ft_rings"
+	ftraceMapFtScratch    = "ft_scratch"
+	ftraceMapFtSlots      = "ft_slots"
+	ftraceProgFtEnterBtf  = "ft_enter_btf"
+	ftraceProgFtEnterRaw  = "ft_enter_raw"
+	ftraceProgFtExitBtf   = "ft_exit_btf"
+	ftraceProgFtExitRaw   = "ft_exit_raw"
+	ftraceProgFtForkBtf   = "ft_fork_btf"
+	ftraceProgFtForkRaw   = "ft_fork_raw"
+	ftraceProgFtMarker    = "ft_marker"
+	ftraceProgFtPexitBtf  = "ft_pexit_btf"
+	ftraceProgFtPexitRaw  = "ft_pexit_raw"
+	ftraceVarUnusedFtWire = "unused_ft_wire"
 )
 
 // loadFtrace returns the embedded CollectionSpec for ftrace.
@@ -154,25 +164,20 @@ type ftraceProgramSpecs struct {
 type ftraceMapSpecs struct {
 	FtCgroups  *ebpf.MapSpec `ebpf:"ft_cgroups"`
 	FtCounters *ebpf.MapSpec `ebpf:"ft_counters"`
-	FtEvents   *ebpf.MapSpec `ebpf:"ft_events"`
+	FtGens     *ebpf.MapSpec `ebpf:"ft_gens"`
 	FtInflight *ebpf.MapSpec `ebpf:"ft_inflight"`
+	FtLevels   *ebpf.MapSpec `ebpf:"ft_levels"`
 	FtPids     *ebpf.MapSpec `ebpf:"ft_pids"`
+	FtRings    *ebpf.MapSpec `ebpf:"ft_rings"`
 	FtScratch  *ebpf.MapSpec `ebpf:"ft_scratch"`
-	ReadGen    *ebpf.MapSpec `ebpf:"read_gen"`
+	FtSlots    *ebpf.MapSpec `ebpf:"ft_slots"`
 }
 
 // ftraceVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ftraceVariableSpecs struct {
-	FtCgroupLevels *ebpf.VariableSpec `ebpf:"ft_cgroup_levels"`
-	FtDataMax      *ebpf.VariableSpec `ebpf:"ft_data_max"`
-	FtGenDev       *ebpf.VariableSpec `ebpf:"ft_gen_dev"`
-	FtLastWakeup   *ebpf.VariableSpec `ebpf:"ft_last_wakeup"`
-	FtSelfTgid     *ebpf.VariableSpec `ebpf:"ft_self_tgid"`
-	FtWakeupBytes  *ebpf.VariableSpec `ebpf:"ft_wakeup_bytes"`
-	FtWakeupNs     *ebpf.VariableSpec `ebpf:"ft_wakeup_ns"`
-	UnusedFtWire   *ebpf.VariableSpec `ebpf:"unused_ft_wire"`
+	UnusedFtWire *ebpf.VariableSpec `ebpf:"unused_ft_wire"`
 }
 
 // ftraceObjects contains all objects after they have been loaded into the kernel.
@@ -197,22 +202,26 @@ func (o *ftraceObjects) Close() error {
 type ftraceMaps struct {
 	FtCgroups  *ebpf.Map `ebpf:"ft_cgroups"`
 	FtCounters *ebpf.Map `ebpf:"ft_counters"`
-	FtEvents   *ebpf.Map `ebpf:"ft_events"`
+	FtGens     *ebpf.Map `ebpf:"ft_gens"`
 	FtInflight *ebpf.Map `ebpf:"ft_inflight"`
+	FtLevels   *ebpf.Map `ebpf:"ft_levels"`
 	FtPids     *ebpf.Map `ebpf:"ft_pids"`
+	FtRings    *ebpf.Map `ebpf:"ft_rings"`
 	FtScratch  *ebpf.Map `ebpf:"ft_scratch"`
-	ReadGen    *ebpf.Map `ebpf:"read_gen"`
+	FtSlots    *ebpf.Map `ebpf:"ft_slots"`
 }
 
 func (m *ftraceMaps) Close() error {
 	return _FtraceClose(
 		m.FtCgroups,
 		m.FtCounters,
-		m.FtEvents,
+		m.FtGens,
 		m.FtInflight,
+		m.FtLevels,
 		m.FtPids,
+		m.FtRings,
 		m.FtScratch,
-		m.ReadGen,
+		m.FtSlots,
 	)
 }
 
@@ -220,14 +229,7 @@ func (m *ftraceMaps) Close() error {
 //
 // It can be passed to loadFtraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ftraceVariables struct {
-	FtCgroupLevels *ebpf.Variable `ebpf:"ft_cgroup_levels"`
-	FtDataMax      *ebpf.Variable `ebpf:"ft_data_max"`
-	FtGenDev       *ebpf.Variable `ebpf:"ft_gen_dev"`
-	FtLastWakeup   *ebpf.Variable `ebpf:"ft_last_wakeup"`
-	FtSelfTgid     *ebpf.Variable `ebpf:"ft_self_tgid"`
-	FtWakeupBytes  *ebpf.Variable `ebpf:"ft_wakeup_bytes"`
-	FtWakeupNs     *ebpf.Variable `ebpf:"ft_wakeup_ns"`
-	UnusedFtWire   *ebpf.Variable `ebpf:"unused_ft_wire"`
+	UnusedFtWire *ebpf.Variable `ebpf:"unused_ft_wire"`
 }
 
 // ftracePrograms contains all programs after they have been loaded into the kernel.

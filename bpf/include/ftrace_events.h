@@ -18,8 +18,13 @@
 #define FT_DATA_MAX 4096
 
 /* Deepest cgroup level a traced cgroup may sit at (bits of
- * ft_cgroup_levels). */
+ * ft_levels). */
 #define FT_MAX_CGROUP_LEVEL 16
+
+/* Slots of the shared tracer: one per sandbox (per Tracer) on the host.
+ * A slot has its own ring buffer (ft_rings), read generation (ft_gens),
+ * settings and wake-up state (ft_slots) and loss counters (ft_counters). */
+#define FT_MAX_SLOTS 256
 
 /* Record kinds. */
 enum ft_kind {
@@ -72,7 +77,8 @@ enum ft_flag {
 	FT_F_DATA_WHOLE = 1 << 11, /* with FT_F_DATA: dlen == ret, the bytes are all the call moved */
 };
 
-/* Indices of the per-CPU loss counters (map ft_counters). */
+/* Indices of the per-CPU loss counters of a slot (map ft_counters: the
+ * counter of slot s is at s * FT_C_MAX + index). */
 enum ft_counter {
 	FT_C_RINGBUF = 0,  /* a record could not be reserved: ring buffer full */
 	FT_C_INFLIGHT = 1, /* a syscall entry could not be remembered: map full */
@@ -128,6 +134,33 @@ struct ft_data_event {
 struct ft_target {
 	__u32 id;    /* the target's id, reported in every record */
 	__u32 flags; /* FT_T_FOLLOW: children of a traced pid are traced too */
+	__u32 slot;  /* the slot whose ring gets the records */
+	__u32 level; /* ft_cgroups: the cgroup's level (ft_levels is their union) */
+};
+
+/* Value of ft_slots: one sandbox's settings (written by its carbd when it
+ * takes the slot) and the programs' wake-up state for its ring. */
+struct ft_slot {
+	/* Wake-ups of the slot's reader are batched: a record is submitted
+	 * with BPF_RB_FORCE_WAKEUP when the last forced wake-up is at least
+	 * wakeup_ns old, or when wakeup_bytes or more wait in the ring;
+	 * otherwise with BPF_RB_NO_WAKEUP. 0: the kernel's default. */
+	__u64 wakeup_ns;
+	__u64 wakeup_bytes;
+	/* bpf_ktime_get_ns of the last forced wake-up (read by userspace).
+	 * Racy between CPUs by design: the worst case is one extra wake-up. */
+	__u64 last_wakeup;
+	/* The owning carbd's tgid, never traced in this slot (its content
+	 * reads would feed back into the stream). */
+	__u32 owner_tgid;
+	/* The device (kernel encoding) of the traced tree M: only reads of
+	 * regular files on it bump the read generation and carry data; 0:
+	 * any regular file. */
+	__u32 gen_dev;
+	/* Most bytes of a read's or write's buffer copied into its record,
+	 * at most FT_DATA_MAX; 0 copies none. */
+	__u32 data_max;
+	__u32 pad;
 };
 
 #define FT_T_FOLLOW 1

@@ -313,15 +313,15 @@ func benchCycleBPF(b *testing.B, traced bool) {
 	}
 	tr, _, _, stop := benchTracer(b, Config{Root: root}, pid)
 	defer stop()
-	names := make([]string, 0, len(tr.coll.Programs))
-	for name := range tr.coll.Programs {
+	names := make([]string, 0, len(tr.host.progs))
+	for name := range tr.host.progs {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	read := func() map[string]ebpf.ProgramStats {
 		m := map[string]ebpf.ProgramStats{}
 		for _, name := range names {
-			st, err := tr.coll.Programs[name].Stats()
+			st, err := tr.host.progs[name].Stats()
 			if err != nil {
 				b.Fatalf("stats of %s: %v", name, err)
 			}

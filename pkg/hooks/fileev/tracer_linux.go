@@ -17,7 +17,6 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
@@ -127,33 +126,20 @@ type traceTarget struct {
 	level int
 }
 
-// ftTarget is struct ft_target.
-type ftTarget struct {
-	ID    uint32
-	Flags uint32
-}
-
-const ftFollow = 1
-
 // Tracer traces the file syscalls of selected processes. Its methods are
 // safe for concurrent use; Run is called once.
 type Tracer struct {
 	cfg     Config
 	mech    string
 	note    string // why the preferred mechanism was not used
-	coll    *ebpf.Collection
-	links   []link.Link
+	host    *host
+	sl      *slot
 	rd      *ringbuf.Reader
 	root    *os.File // M, O_PATH: content reads resolve beneath it
 	rootDev uint32   // kernel encoding
 	rootIno uint64
 	boot    func(uint64) time.Time
 	ktime   func() int64
-
-	pids, cgroups, counters *ebpf.Map
-	levels                  *ebpf.Variable
-	lastWakeup              *ebpf.Variable // ktime of the kernel side's last forced wake-up
-	marker                  *ebpf.Program
 
 	mu      sync.Mutex // guards the fields below
 	targets map[int]*traceTarget
@@ -342,93 +328,44 @@ func New(cfg Config) (_ *Tracer, err error) {
 	if len(errs) > 0 {
 		t.note = errors.Join(errs...).Error()
 	}
-	if t.rd, err = ringbuf.NewReader(t.coll.Maps["ft_events"]); err != nil {
+	dataMax := uint32(min(max(t.cfg.MaxContent, 0), dataMax))
+	if t.cfg.ReadBack {
+		dataMax = 0
+	}
+	t.sl, err = t.host.open(0, ftSlot{
+		WakeupNS:    uint64(max(t.cfg.WakeupInterval, 0)),
+		WakeupBytes: uint64(t.cfg.WakeupBytes),
+		OwnerTgid:   uint32(os.Getpid()),
+		GenDev:      t.rootDev,
+		DataMax:     dataMax,
+	}, t.cfg.RingBytes, t.cfg.ReadGen)
+	if err != nil {
+		return nil, fmt.Errorf("fileev: open slot: %w", err)
+	}
+	if t.rd, err = ringbuf.NewReader(t.sl.ring); err != nil {
 		return nil, fmt.Errorf("fileev: open ring buffer: %w", err)
 	}
 	return t, nil
 }
 
-// progNames are the programs of each mechanism and the tracepoint each
-// attaches to.
-var progNames = map[string][][2]string{
-	MechTPBTF: {{"ft_enter_btf", "sys_enter"}, {"ft_exit_btf", "sys_exit"},
-		{"ft_fork_btf", "sched_process_fork"}, {"ft_pexit_btf", "sched_process_exit"}},
-	MechRawTP: {{"ft_enter_raw", "sys_enter"}, {"ft_exit_raw", "sys_exit"},
-		{"ft_fork_raw", "sched_process_fork"}, {"ft_pexit_raw", "sched_process_exit"}},
-}
-
 func (t *Tracer) attach(mech string) error {
-	spec, err := loadSpec()
+	h, err := loadHost(mech)
 	if err != nil {
 		return err
 	}
-	keep := map[string]bool{"ft_marker": true}
-	for _, p := range progNames[mech] {
-		keep[p[0]] = true
-	}
-	for name := range spec.Programs {
-		if !keep[name] {
-			delete(spec.Programs, name)
-		}
-	}
-	spec.Maps["ft_events"].MaxEntries = uint32(t.cfg.RingBytes)
-	if err := spec.Variables["ft_self_tgid"].Set(uint32(os.Getpid())); err != nil {
-		return fmt.Errorf("set ft_self_tgid: %w", err)
-	}
-	if err := spec.Variables["ft_wakeup_ns"].Set(uint64(max(t.cfg.WakeupInterval, 0))); err != nil {
-		return fmt.Errorf("set ft_wakeup_ns: %w", err)
-	}
-	if err := spec.Variables["ft_wakeup_bytes"].Set(uint64(t.cfg.WakeupBytes)); err != nil {
-		return fmt.Errorf("set ft_wakeup_bytes: %w", err)
-	}
-	if err := spec.Variables["ft_gen_dev"].Set(t.rootDev); err != nil {
-		return fmt.Errorf("set ft_gen_dev: %w", err)
-	}
-	dataMax := uint32(min(max(t.cfg.MaxContent, 0), dataMax))
-	if t.cfg.ReadBack {
-		dataMax = 0
-	}
-	if err := spec.Variables["ft_data_max"].Set(dataMax); err != nil {
-		return fmt.Errorf("set ft_data_max: %w", err)
-	}
-	var opts ebpf.CollectionOptions
-	if t.cfg.ReadGen != nil {
-		opts.MapReplacements = map[string]*ebpf.Map{"read_gen": t.cfg.ReadGen}
-	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
-	if err != nil {
-		return fmt.Errorf("load: %w", err)
-	}
-	t.coll = coll
-	t.pids, t.cgroups, t.counters = coll.Maps["ft_pids"], coll.Maps["ft_cgroups"], coll.Maps["ft_counters"]
-	t.levels, t.marker = coll.Variables["ft_cgroup_levels"], coll.Programs["ft_marker"]
-	t.lastWakeup = coll.Variables["ft_last_wakeup"]
-	// Attach the exit side first: an enter without its exit would leave
-	// entries that nothing removes.
-	for i := len(progNames[mech]) - 1; i >= 0; i-- {
-		p := progNames[mech][i]
-		var l link.Link
-		if mech == MechTPBTF {
-			l, err = link.AttachTracing(link.TracingOptions{Program: coll.Programs[p[0]], AttachType: ebpf.AttachTraceRawTp})
-		} else {
-			l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: p[1], Program: coll.Programs[p[0]]})
-		}
-		if err != nil {
-			return fmt.Errorf("attach program to %s: %w", p[1], err)
-		}
-		t.links = append(t.links, l)
-	}
+	t.host = h
 	return nil
 }
 
+// detach gives the slot back and closes the host. The fields stay set
+// (their handles closed): Stats and Sync after Close fail on them.
 func (t *Tracer) detach() {
-	for i := len(t.links) - 1; i >= 0; i-- {
-		t.links[i].Close()
+	if t.sl != nil {
+		t.host.clear(t.sl.n)
+		t.sl.close()
 	}
-	t.links = nil
-	if t.coll != nil {
-		t.coll.Close()
-		t.coll = nil
+	if t.host != nil {
+		t.host.close()
 	}
 }
 
@@ -438,11 +375,11 @@ func (t *Tracer) detach() {
 func (t *Tracer) Generation() (uint64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed || t.coll == nil {
+	if t.closed || t.sl == nil {
 		return 0, ErrClosed
 	}
 	var g uint64
-	if err := t.coll.Maps["read_gen"].Lookup(uint32(0), &g); err != nil {
+	if err := t.sl.gen.Lookup(uint32(0), &g); err != nil {
 		return 0, fmt.Errorf("fileev: read the read generation: %w", err)
 	}
 	return g, nil
@@ -495,7 +432,7 @@ func (t *Tracer) Trace(tg Target) (int, error) {
 	}
 	id := t.nextID + 1
 	tt := &traceTarget{t: tg}
-	val := ftTarget{ID: uint32(id)}
+	val := ftTarget{ID: uint32(id), Slot: t.sl.n}
 	if tg.PID > 0 {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", tg.PID)); err != nil {
 			return 0, fmt.Errorf("fileev: target: pid %d: %w", tg.PID, err)
@@ -503,7 +440,7 @@ func (t *Tracer) Trace(tg Target) (int, error) {
 		if !tg.NoFollow {
 			val.Flags = ftFollow
 		}
-		if err := t.pids.Update(uint32(tg.PID), val, ebpf.UpdateNoExist); err != nil {
+		if err := t.host.pids.Update(uint32(tg.PID), val, ebpf.UpdateNoExist); err != nil {
 			return 0, fmt.Errorf("fileev: trace pid %d: %w", tg.PID, err)
 		}
 	} else {
@@ -515,14 +452,17 @@ func (t *Tracer) Trace(tg Target) (int, error) {
 			return 0, fmt.Errorf("fileev: target: cgroup %s is at level %d (want 1 to %d)", tg.Cgroup, cg.Level, maxCgroupLevel-1)
 		}
 		tt.cgID, tt.level = cg.ID, cg.Level
-		if err := t.cgroups.Update(cg.ID, val, ebpf.UpdateNoExist); err != nil {
+		val.Level = uint32(cg.Level)
+		if err := t.host.cgroups.Update(cg.ID, val, ebpf.UpdateNoExist); err != nil {
 			return 0, fmt.Errorf("fileev: trace cgroup %s: %w", tg.Cgroup, err)
 		}
 	}
 	t.nextID = id
 	t.targets[id] = tt
-	if err := t.syncLevels(); err != nil {
-		return 0, err
+	if tt.cgID != 0 {
+		if err := t.host.syncLevels(); err != nil {
+			return 0, err
+		}
 	}
 	// Snapshot after the BPF side traces them: a change in between shows
 	// in both, and replaying it is harmless.
@@ -535,21 +475,6 @@ func (t *Tracer) Trace(tg Target) (int, error) {
 }
 
 const maxCgroupLevel = 16 // FT_MAX_CGROUP_LEVEL
-
-// syncLevels writes the levels of the traced cgroups to the BPF side.
-// t.mu is held.
-func (t *Tracer) syncLevels() error {
-	var mask uint32
-	for _, tt := range t.targets {
-		if tt.cgID != 0 {
-			mask |= 1 << tt.level
-		}
-	}
-	if err := t.levels.Set(mask); err != nil {
-		return fmt.Errorf("fileev: set cgroup levels: %w", err)
-	}
-	return nil
-}
 
 // Untrace stops tracing target id: the pid and every child that followed
 // it, or the cgroup.
@@ -565,27 +490,14 @@ func (t *Tracer) Untrace(id int) error {
 	}
 	delete(t.targets, id)
 	if tt.cgID != 0 {
-		if err := t.cgroups.Delete(tt.cgID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := t.host.cgroups.Delete(tt.cgID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("fileev: untrace cgroup %s: %w", tt.t.Cgroup, err)
 		}
-		return t.syncLevels()
+		return t.host.syncLevels()
 	}
-	var key uint32
-	var val ftTarget
-	var drop []uint32
-	it := t.pids.Iterate()
-	for it.Next(&key, &val) {
-		if val.ID == uint32(id) {
-			drop = append(drop, key)
-		}
-	}
-	if err := it.Err(); err != nil {
+	n := t.sl.n
+	if err := deleteWhere(t.host.pids, func(v ftTarget) bool { return v.ID == uint32(id) && v.Slot == n }, new(uint32)); err != nil {
 		return fmt.Errorf("fileev: untrace %d: %w", id, err)
-	}
-	for _, k := range drop {
-		if err := t.pids.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("fileev: untrace pid %d: %w", k, err)
-		}
 	}
 	return nil
 }
@@ -605,8 +517,12 @@ func (t *Tracer) Stats() Stats {
 	var s Stats
 	s.Malformed = t.malformed.Load()
 	var per []uint64
+	sl, h := t.sl, t.host
+	if sl == nil {
+		return s
+	}
 	for i, dst := range []*uint64{&s.RingFull, &s.InflightFull, &s.ForkUntraced, &s.Compat} {
-		if err := t.counters.Lookup(uint32(i), &per); err != nil {
+		if err := h.counters.Lookup(sl.n*counterKeys+uint32(i), &per); err != nil {
 			continue
 		}
 		for _, v := range per {
@@ -739,8 +655,8 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 // interval's margin for a record whose wake-up was decided before and
 // that is still being written.
 func (t *Tracer) wakeupDue() bool {
-	var last uint64
-	if err := t.lastWakeup.Get(&last); err != nil {
+	last, err := t.sl.lastWakeup()
+	if err != nil {
 		return false // stay active: polling is safe
 	}
 	return time.Duration(t.ktime()-int64(last)) >= 2*t.cfg.WakeupInterval
@@ -796,12 +712,15 @@ func (t *Tracer) Sync(ctx context.Context) error {
 		t.mu.Unlock()
 	}()
 	for {
-		ret, err := t.marker.Run(&ebpf.RunOptions{Context: [1]uint64{cookie}})
+		ret, err := t.host.marker.Run(&ebpf.RunOptions{Context: [2]uint64{cookie, uint64(t.sl.n)}})
 		if err != nil {
 			return fmt.Errorf("fileev: run sync marker: %w", err)
 		}
 		if ret == 1 {
 			break
+		}
+		if ret == 2 {
+			return fmt.Errorf("fileev: run sync marker: slot %d has no ring buffer", t.sl.n)
 		}
 		// The ring is full: wait for Run to make room.
 		select {

@@ -3,6 +3,7 @@
 package fileev
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
@@ -65,6 +66,25 @@ func TestWireLayout(t *testing.T) {
 	}
 	if o := offsets(de)["data"]; o != offData {
 		t.Errorf("ft_data_event.data at %d, wire.go says %d", o, offData)
+	}
+
+	// The map values userspace writes: struct ft_target and ft_slot
+	// (host_linux.go), field by field.
+	for _, v := range []struct {
+		name string
+		val  any
+	}{{"ft_target", ftTarget{}}, {"ft_slot", ftSlot{}}} {
+		s := structOf(v.name)
+		rt := reflect.TypeOf(v.val)
+		if uintptr(s.Size) != rt.Size() || len(s.Members) != rt.NumField() {
+			t.Errorf("%s: %d bytes, %d fields; Go %s: %d bytes, %d fields", v.name, s.Size, len(s.Members), rt, rt.Size(), rt.NumField())
+			continue
+		}
+		for i, mb := range s.Members {
+			if f := rt.Field(i); uintptr(mb.Offset.Bytes()) != f.Offset {
+				t.Errorf("%s.%s at %d, Go %s.%s at %d", v.name, mb.Name, mb.Offset.Bytes(), rt, f.Name, f.Offset)
+			}
+		}
 	}
 
 	enums := map[string]map[string]uint64{
