@@ -243,6 +243,29 @@ func (t *Tracker) Flush(now time.Time) *Result {
 	return res
 }
 
+// nextFlush is the delay before Flush may have something to do, 0 when
+// it has nothing until the next frame: flushEvery while a flow saw a frame
+// less than PendingTimeout (and a flush) ago, since a response or a
+// request in progress may be reported when that runs out (progress is
+// never after seen); otherwise until the first flow is idle for FlowIdle
+// (the request parser's flows go with the tracker's, or at most FlowIdle
+// later).
+func (t *Tracker) nextFlush(now time.Time) time.Duration {
+	var d time.Duration
+	for _, f := range t.flows {
+		if now.Sub(f.seen) < t.cfg.PendingTimeout+flushEvery {
+			return flushEvery
+		}
+		if df := max(f.seen.Add(t.cfg.FlowIdle).Sub(now), flushEvery); d == 0 || df < d {
+			d = df
+		}
+	}
+	if d == 0 && t.req.Flows() > 0 {
+		d = t.cfg.FlowIdle
+	}
+	return d
+}
+
 // Close ends every flow, reporting the responses in progress as they are.
 func (t *Tracker) Close(now time.Time) *Result {
 	res := &t.res

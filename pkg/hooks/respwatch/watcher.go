@@ -15,7 +15,10 @@ import (
 // ErrNotRunning is returned by WaitSeen when Run is not running.
 var ErrNotRunning = errors.New("respwatch: watcher not running")
 
-// flushEvery is how often Run calls Tracker.Flush.
+// flushEvery is how often Run calls Tracker.Flush while frames arrive
+// and for PendingTimeout after the last one (see Tracker.nextFlush);
+// after that Run flushes only when an idle flow or mark is due to be
+// forgotten, and not at all once none is left.
 const flushEvery = 100 * time.Millisecond
 
 type frame struct {
@@ -93,8 +96,9 @@ func (w *Watcher) Run(ctx context.Context, emit func(decide.Event)) error {
 		w.wakeLocked()
 		w.mu.Unlock()
 	}()
-	ticker := time.NewTicker(flushEvery)
-	defer ticker.Stop()
+	timer := time.NewTimer(flushEvery)
+	armed := flushEvery // the delay timer was last set to; 0: stopped
+	defer timer.Stop()
 	lastPrune := time.Now()
 	for {
 		select {
@@ -106,14 +110,23 @@ func (w *Watcher) Run(ctx context.Context, emit func(decide.Event)) error {
 			return nil
 		case fr := <-w.q:
 			w.deliver(w.tr.Feed(fr.t, fr.data, fr.dir), emit)
-		case now := <-ticker.C:
+			if armed != flushEvery {
+				armed = flushEvery
+				timer.Reset(flushEvery)
+			}
+		case now := <-timer.C:
 			w.deliver(w.tr.Flush(now), emit)
 			w.mu.Lock()
 			w.stats = w.tr.Stats()
 			w.mu.Unlock()
-			if now.Sub(lastPrune) >= 10*time.Second {
+			d := w.tr.nextFlush(now)
+			if d != flushEvery || now.Sub(lastPrune) >= 10*time.Second {
 				w.prune(now)
 				lastPrune = now
+			}
+			armed = w.nextFlush(now, d)
+			if armed > 0 {
+				timer.Reset(armed)
 			}
 		}
 	}
@@ -155,6 +168,24 @@ func (w *Watcher) wakeLocked() {
 		close(w.tick)
 		w.tick = make(chan struct{})
 	}
+}
+
+// nextFlush is the delay before Run's next flush, 0 for none until a
+// frame arrives: the tracker's, d (Tracker.nextFlush), or the first
+// mark's FlowIdle deadline (prune has just run).
+func (w *Watcher) nextFlush(now time.Time, d time.Duration) time.Duration {
+	if d == flushEvery {
+		return d
+	}
+	idle := w.tr.cfg.FlowIdle
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range w.seen {
+		if dm := max(m.at.Add(idle).Sub(now), flushEvery); d == 0 || dm < d {
+			d = dm
+		}
+	}
+	return d
 }
 
 func (w *Watcher) prune(now time.Time) {
@@ -205,7 +236,8 @@ func (w *Watcher) WaitSeen(ctx context.Context, client, server netip.AddrPort, s
 	}
 }
 
-// Stats returns the counters (refreshed by Run at least every 100 ms).
+// Stats returns the counters (refreshed by Run every 100 ms while frames
+// arrive, and after the last).
 func (w *Watcher) Stats() Stats {
 	w.mu.Lock()
 	s := w.stats
