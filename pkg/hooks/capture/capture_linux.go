@@ -2,10 +2,13 @@ package capture
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,7 +28,10 @@ type Record struct {
 // it holds more than MaxBytes, the oldest frames are dropped (and
 // counted).
 type Capture struct {
-	fd      int
+	// f is the packet socket, non-blocking, in Go's poller: the reader
+	// sleeps until a frame arrives, and Close wakes it.
+	f       *os.File
+	rc      syscall.RawConn
 	ifname  string
 	snaplen int
 
@@ -99,9 +105,12 @@ func Start(ifname, nsPath string, snaplen, maxBytes int, opts ...Option) (*Captu
 				return fmt.Errorf("capture: receive buffer of %d bytes: %w", c0.rcvbuf, err)
 			}
 		}
-		// Wake the reader periodically so Close never hangs.
-		tv := unix.Timeval{Usec: 200000}
-		return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		// Non-blocking, read through Go's poller (see loop).
+		if err := unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("capture: packet socket: %w", err)
+		}
+		return nil
 	}
 	if nsPath != "" {
 		if err := inNS(nsPath, open); err != nil {
@@ -110,7 +119,13 @@ func Start(ifname, nsPath string, snaplen, maxBytes int, opts ...Option) (*Captu
 	} else if err := open(); err != nil {
 		return nil, err
 	}
-	c := &Capture{fd: fd, ifname: ifname, snaplen: snaplen, maxBytes: maxBytes, done: make(chan struct{}),
+	f := os.NewFile(uintptr(fd), "packet:"+ifname)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("capture: packet socket: %w", err)
+	}
+	c := &Capture{f: f, rc: rc, ifname: ifname, snaplen: snaplen, maxBytes: maxBytes, done: make(chan struct{}),
 		onFrame: c0.onFrame, rcvbuf: c0.rcvbuf}
 	go c.loop()
 	return c, nil
@@ -124,13 +139,18 @@ func (c *Capture) loop() {
 	defer close(c.done)
 	buf := make([]byte, c.snaplen)
 	for {
-		c.mu.Lock()
-		closing := c.closing
-		c.mu.Unlock()
-		if closing {
+		var n int
+		var from unix.Sockaddr
+		var err error
+		// Read waits in Go's poller while the socket has nothing (no
+		// wake-up while the interface is quiet); Close ends it.
+		rerr := c.rc.Read(func(fd uintptr) bool {
+			n, from, err = unix.Recvfrom(int(fd), buf, unix.MSG_TRUNC)
+			return err != unix.EAGAIN
+		})
+		if rerr != nil { // closed
 			return
 		}
-		n, from, err := unix.Recvfrom(c.fd, buf, unix.MSG_TRUNC)
 		if err != nil {
 			// ENETDOWN: the interface was down when the socket was bound
 			// (carbd starts the capture before the interface comes up) or
@@ -233,8 +253,8 @@ func (c *Capture) WritePcapng(w io.Writer, annotate func(Record) Annotation) err
 	return nil
 }
 
-// Close stops the capture: the reader notices within its 200 ms receive
-// timeout, then the socket is closed.
+// Close stops the capture: it closes the socket, which wakes the reader,
+// and waits for the reader to end.
 func (c *Capture) Close() error {
 	c.mu.Lock()
 	already := c.closing
@@ -243,6 +263,10 @@ func (c *Capture) Close() error {
 	if already {
 		return nil
 	}
+	err := c.f.Close()
 	<-c.done
-	return unix.Close(c.fd)
+	if errors.Is(err, os.ErrClosed) {
+		return nil
+	}
+	return err
 }

@@ -36,7 +36,8 @@ type StreamConfig struct {
 	// Annotate labels a frame; Final in its answer says the verdict will
 	// not change, so the frame can be written now.
 	Annotate func(Record) Annotation
-	// Tick is how often held-back frames are reconsidered (0: 100 ms).
+	// Tick is how often held-back frames are reconsidered (0: 100 ms);
+	// while none is held back, the Stream does not wake.
 	Tick time.Duration
 }
 
@@ -51,7 +52,8 @@ type Stream struct {
 	cfg  StreamConfig
 	f    *os.File
 	pw   *Writer
-	kick chan struct{}
+	kick chan struct{} // flush now: over PendingBytes, or closed
+	arm  chan struct{} // a frame is held back: tick
 	done chan struct{}
 
 	mu      sync.Mutex // guards everything below and writes to f
@@ -94,7 +96,7 @@ func NewStream(cfg StreamConfig) (*Stream, error) {
 		f.Close()
 		return nil, fmt.Errorf("capture: audit file: %w", err)
 	}
-	s := &Stream{cfg: cfg, f: f, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	s := &Stream{cfg: cfg, f: f, kick: make(chan struct{}, 1), arm: make(chan struct{}, 1), done: make(chan struct{})}
 	cw := &countWriter{s: s}
 	pw, err := NewWriter(cw, cfg.Ifname, LinkTypeEthernet, uint32(cfg.Snaplen))
 	if err != nil {
@@ -128,7 +130,14 @@ func (s *Stream) Add(r Record) {
 	s.pending = append(s.pending, r)
 	s.pbytes += len(r.Data)
 	over := s.pbytes > s.cfg.PendingBytes
+	first := len(s.pending) == 1
 	s.mu.Unlock()
+	if first {
+		select {
+		case s.arm <- struct{}{}:
+		default:
+		}
+	}
 	if over {
 		select {
 		case s.kick <- struct{}{}:
@@ -158,21 +167,39 @@ func (s *Stream) full(n int64) bool {
 	return s.cfg.MaxBytes > 0 && s.written+n > s.cfg.MaxBytes
 }
 
+// loop writes what is held back every Tick while anything is (and at
+// once on a kick), and sleeps while nothing is.
 func (s *Stream) loop() {
 	defer close(s.done)
-	t := time.NewTicker(s.cfg.Tick)
+	t := time.NewTimer(s.cfg.Tick)
+	t.Stop()
 	defer t.Stop()
+	armed := false
 	for {
 		select {
+		case <-s.arm:
+			if !armed {
+				armed = true
+				t.Reset(s.cfg.Tick)
+			}
+			continue
 		case <-t.C:
+			armed = false
 		case <-s.kick:
 		}
 		s.mu.Lock()
 		closed := s.closed
 		s.flush(closed)
+		held := len(s.pending) > 0
 		s.mu.Unlock()
 		if closed {
 			return
+		}
+		// A frame added after this check finds pending non-empty and
+		// does not arm: arm for it here.
+		if held && !armed {
+			armed = true
+			t.Reset(s.cfg.Tick)
 		}
 	}
 }
