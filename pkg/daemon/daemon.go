@@ -214,6 +214,10 @@ func (c *Config) validate() error {
 	if c.ID == "" {
 		c.ID = DefaultID(c.Workdir)
 	}
+	if err := netns.CheckID(c.ID); err != nil {
+		// Before anything is created from it: the id names directories.
+		errs = append(errs, err)
+	}
 	if c.StateDir == "" {
 		c.StateDir = DefaultStateDir
 	}

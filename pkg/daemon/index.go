@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,11 +22,58 @@ const IndexDir = "/run/carbd-index"
 // the host (addresses, queue number): an flock'ed file per index, held for
 // the daemon's life, so a crashed daemon's index is free again. A sandbox
 // gets back the index it had before when it is free.
+//
+// It first claims the sandbox id itself (claimID): the host-wide names a
+// run creates and a crashed run's clean-up removes (its cgroup, TC pins,
+// netfilter chains and tables) are derived from the id.
 func claimIndex(stateDir, id string) (func() error, int, error) {
 	dir := IndexDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, 0, err
 	}
+	unlockID, err := claimID(dir, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	unlock, i, err := claimSlot(dir, stateDir, id)
+	if err != nil {
+		unlockID()
+		return nil, 0, err
+	}
+	return func() error {
+		err := unlock()
+		if e := unlockID(); err == nil {
+			err = e
+		}
+		return err
+	}, i, nil
+}
+
+// claimID holds the host-wide lock of one sandbox id for the daemon's
+// life. Without it a second run with the same id (an explicit --id reused
+// for another working directory) would take the live run's resources for
+// a crashed run's and remove them: kill its agent's cgroup, unpin its TC
+// program, delete its queue rules. The second run is refused instead.
+func claimID(dir, id string) (func() error, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "id-"+id+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox id %s: %w", id, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(f.Name())
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("sandbox id %s is in use by another carbd on this host (pid %s); give this run another --id", id, strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("sandbox id %s: lock: %w", id, err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f.Close, nil
+}
+
+// claimSlot is claimIndex's index proper.
+func claimSlot(dir, stateDir, id string) (func() error, int, error) {
 	remember := filepath.Join(stateDir, "sandboxes", id, "index")
 	try := func(i int) (func() error, bool) {
 		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(i)+".lock"), os.O_CREATE|os.O_RDWR, 0o600)

@@ -3,6 +3,7 @@ package daemon
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -23,5 +24,17 @@ func TestValidateMissingWorkdir(t *testing.T) {
 	}
 	if msg != "working directory "+missing+": no such file or directory" {
 		t.Errorf("got %q", msg)
+	}
+}
+
+// An id that cannot name the host-wide resources is refused before any
+// directory is made from it.
+func TestValidateSandboxID(t *testing.T) {
+	for _, id := range []string{"../../etc/x", "UPPER", "a/b", "-lead", "twelve-chars"} {
+		c := Config{ID: id, Workdir: t.TempDir(), Policy: &decide.Policy{}, Argv: []string{"true"}, StateDir: t.TempDir()}
+		err := c.validate()
+		if err == nil || !strings.Contains(err.Error(), "sandbox id "+strconv.Quote(id)) {
+			t.Errorf("id %q: %v", id, err)
+		}
 	}
 }

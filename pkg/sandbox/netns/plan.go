@@ -49,10 +49,20 @@ const QueueBase = 0xc000 // 49152: QueueBase+MaxIndex is 65535
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,10}$`)
 
+// CheckID says whether id can name a sandbox: the host-wide names derived
+// from it (interfaces, cgroup, netfilter chains, pins, state directories)
+// must be valid and stay inside their directories.
+func CheckID(id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("sandbox id %q must be 1-11 characters of a-z, 0-9 and '-', starting with a letter or digit", id)
+	}
+	return nil
+}
+
 // NewPlan returns the plan of sandbox id at index.
 func NewPlan(id string, index int) (Plan, error) {
-	if !idRE.MatchString(id) {
-		return Plan{}, fmt.Errorf("netns: sandbox id %q must be 1-11 characters of a-z, 0-9 and '-'", id)
+	if err := CheckID(id); err != nil {
+		return Plan{}, fmt.Errorf("netns: %w", err)
 	}
 	if index < 0 || index > MaxIndex {
 		return Plan{}, fmt.Errorf("netns: sandbox index %d out of range 0..%d", index, MaxIndex)
