@@ -101,7 +101,7 @@ func main() {
 	outPath := flag.String("o", "docs/bench-report.md", "report `file`")
 	count := flag.Int("count", 3, "runs per benchmark (the report takes the median)")
 	benchtime := flag.String("benchtime", "", "go test -benchtime for every suite (default: each suite's own, else go test's)")
-	only := flag.String("only", "", "run only suites whose title contains this")
+	only := flag.String("only", "", "run only suites whose title contains one of these `words` (comma-separated)")
 	flag.Parse()
 	begin := time.Now()
 	bins, err := os.MkdirTemp("", "benchreport-")
@@ -115,7 +115,7 @@ func main() {
 	failed := false
 	var buildTotal, runTotal time.Duration
 	for _, s := range suites {
-		if *only != "" && !strings.Contains(s.Title, *only) {
+		if !selected(s.Title, *only) {
 			continue
 		}
 		fmt.Fprintf(&b, "## %s\n\n", s.Title)
@@ -226,6 +226,20 @@ func main() {
 	if failed {
 		os.Exit(1)
 	}
+}
+
+// selected says whether a suite's title contains one of only's
+// comma-separated words (any title when only is empty).
+func selected(title, only string) bool {
+	if only == "" {
+		return true
+	}
+	for _, w := range strings.Split(only, ",") {
+		if w != "" && strings.Contains(title, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // testTimeout is go test's default -timeout, which a test binary run

@@ -49,3 +49,20 @@ func TestStamp(t *testing.T) {
 		t.Errorf("longest = %q", got)
 	}
 }
+
+func TestSelected(t *testing.T) {
+	for _, c := range []struct {
+		title, only string
+		want        bool
+	}{
+		{"Packet parsing (pkg/hooks/netparse)", "", true},
+		{"Packet parsing (pkg/hooks/netparse)", "netparse", true},
+		{"Packet parsing (pkg/hooks/netparse)", "calib,netparse", true},
+		{"Packet parsing (pkg/hooks/netparse)", "calib,ctrl", false},
+		{"Packet parsing (pkg/hooks/netparse)", ",", false},
+	} {
+		if got := selected(c.title, c.only); got != c.want {
+			t.Errorf("selected(%q, %q) = %v, want %v", c.title, c.only, got, c.want)
+		}
+	}
+}
