@@ -38,6 +38,7 @@ func (w *headerWorld) requests() []string {
 
 func newHeaderWorld(t *testing.T, octet int) *headerWorld {
 	t.Helper()
+	testutil.ClaimWorldNet(t, octet)
 	ns := testutil.NewNetNS(t)
 	hostIf := testutil.UniqueName("cwe")
 	w := &headerWorld{addr: netip.AddrFrom4([4]byte{198, 18, byte(octet), 2})}
@@ -80,7 +81,7 @@ func newHeaderWorld(t *testing.T, octet int) *headerWorld {
 func TestCLIEnvCredentials(t *testing.T) {
 	testutil.RequireTool(t, "curl")
 	bin := carbdBinary(t)
-	w := newHeaderWorld(t, 93)
+	w := newHeaderWorld(t, 146) // its own octet: pkg/daemon's TestSigtermTeardown, run in parallel by go test ./..., uses 93
 	work := cliWorkdir(t)
 	const (
 		hostTok   = "tok-from-host-env-7f3a9c1e55"

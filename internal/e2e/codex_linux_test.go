@@ -74,7 +74,7 @@ func TestCodexUnderCarbd(t *testing.T) {
 	caFile := filepath.Join(run, "world-ca.pem")
 	writeFile(t, caFile, ca.pem, 0o644)
 
-	w := newWorld(t, 77, ca)
+	w := newWorld(t, 147, ca) // its own octet (pkg/daemon uses 77)
 	model := &modelsrv.Server{Script: []modelsrv.Step{
 		{Cmd: "cat task.txt"},
 		{Cmd: "curl -sS -m 20 https://status.example.org/"},
@@ -311,6 +311,7 @@ type world struct {
 }
 
 func newWorld(t *testing.T, octet int, c *ca) *world {
+	testutil.ClaimWorldNet(t, octet)
 	ns := testutil.NewNetNS(t)
 	hostIf := testutil.UniqueName("cwe")
 	w := &world{ns: ns, addr: netip.AddrFrom4([4]byte{198, 18, byte(octet), 2}), ca: c,

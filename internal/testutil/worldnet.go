@@ -2,7 +2,9 @@ package testutil
 
 import (
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -42,4 +44,35 @@ func ClaimWorldNet(tb testing.TB, octet int) {
 		tb.Fatalf("world subnet 198.18.%d.0/30: lock: %v", octet, err)
 	}
 	tb.Cleanup(func() { f.Close() })
+	removeStaleWorldLinks(tb, octet)
+}
+
+// removeStaleWorldLinks deletes the host links that hold 198.18.<octet>.1,
+// the host side of every world on that subnet. With the claim held no
+// live test uses the subnet, so such a link was left by a test process
+// that died before its cleanup (killed, or go test's timeout): kept, it
+// would route the new world's traffic into a namespace nobody serves, in
+// every later run on the machine.
+func removeStaleWorldLinks(tb testing.TB, octet int) {
+	tb.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		tb.Fatalf("world subnet: %v", err)
+	}
+	host := net.IPv4(198, 18, byte(octet), 1)
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(host) {
+				if out, err := exec.Command("ip", "link", "del", ifc.Name).CombinedOutput(); err != nil {
+					tb.Fatalf("world subnet: remove the stale link %s (%s): %v: %s", ifc.Name, host, err, out)
+				}
+				tb.Logf("world subnet: removed the stale link %s (%s), left by an earlier run", ifc.Name, host)
+				break
+			}
+		}
+	}
 }
