@@ -20,7 +20,8 @@ import (
 // the daemon should then scan the whole file (OpenStaged) or defer.
 //
 // The whole staged file is read to check it still has the scanned
-// digest; otherwise the error is ErrChanged and the caller rescans.
+// digest, and the content shown is taken from that read; otherwise the
+// error is ErrChanged and the caller rescans.
 func (s *Stager) Event(c Change) (decide.Event, error) {
 	ev := c.Event()
 	if c.Refused != "" || (c.Op != OpCreate && c.Op != OpWrite) {
@@ -51,16 +52,6 @@ func (s *Stager) Event(c Change) (decide.Event, error) {
 			}
 		}
 	}
-	// The digest over the whole staged file.
-	if _, err := unix.Seek(ufd, 0, io.SeekStart); err != nil {
-		return ev, err
-	}
-	if _, err := copyStream(nil, h, fdReader(ufd), s.l.MaxFileSize); err != nil {
-		return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
-	}
-	if sum(h) != c.Digest {
-		return ev, fmt.Errorf("%w: %q", ErrChanged, c.Path)
-	}
 	n := end - start
 	limit := int64(s.l.ContentLimit)
 	if n > limit {
@@ -68,19 +59,44 @@ func (s *Stager) Event(c Change) (decide.Event, error) {
 			Value: fmt.Sprintf("%d of %d changed bytes at offset %d", limit, n, start)})
 		n = limit
 	}
-	buf := make([]byte, n)
-	if _, err := unix.Pread(ufd, buf, start); err != nil && n > 0 {
+	// The digest over the whole staged file, and the bytes shown taken
+	// from the same read: what the event shows is part of what was
+	// hashed, so a decision on it is a decision on the entry with that
+	// digest, even if the file changes while it is read (a store through
+	// a shared mapping moves no timestamp once its page is dirty).
+	if _, err := unix.Seek(ufd, 0, io.SeekStart); err != nil {
+		return ev, err
+	}
+	rw := &regionWriter{buf: make([]byte, n), start: start}
+	if _, err := copyStream(rw, h, fdReader(ufd), s.l.MaxFileSize); err != nil {
 		return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
 	}
-	// Pread may return short only if the file shrank, which the digest
-	// check above would have caught unless it shrank since; re-check size.
-	var st2 unix.Stat_t
-	if err := unix.Fstat(ufd, &st2); err != nil || st2.Size != size || ctimeNs(&st2) != ctimeNs(st) {
+	if sum(h) != c.Digest || rw.got != n {
 		return ev, fmt.Errorf("%w: %q", ErrChanged, c.Path)
 	}
+	buf := rw.buf
 	ev.Content = string(buf)
 	ev.Fields = append(ev.Fields, decide.Field{Name: "data", Role: decide.RoleContent, Value: ev.Content})
 	return ev, nil
+}
+
+// regionWriter keeps the bytes of the stream it is written that fall in
+// [start, start+len(buf)).
+type regionWriter struct {
+	buf   []byte
+	start int64
+	off   int64 // stream offset of the next byte written
+	got   int64 // bytes of the region kept
+}
+
+func (w *regionWriter) Write(p []byte) (int, error) {
+	end := w.start + int64(len(w.buf))
+	lo, hi := max(w.off, w.start), min(w.off+int64(len(p)), end)
+	if lo < hi {
+		w.got += int64(copy(w.buf[lo-w.start:hi-w.start], p[lo-w.off:hi-w.off]))
+	}
+	w.off += int64(len(p))
+	return len(p), nil
 }
 
 func (s *Stager) openStaged(c Change) (int, []xattr, *unix.Stat_t, error) {
