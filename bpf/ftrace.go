@@ -8,3 +8,8 @@ import "github.com/cilium/ebpf"
 // tracer (pkg/hooks/fileev loads and attaches it). It is built for
 // x86-64 only: syscall numbers and pt_regs are architecture-specific.
 func LoadFtrace() (*ebpf.CollectionSpec, error) { return loadFtrace() }
+
+// FtraceObject returns the compiled ftrace.c: pkg/hooks/fileev names the
+// pins of a loaded tracer after its digest, so a carbd of another build
+// never adopts programs it did not build.
+func FtraceObject() []byte { return _FtraceBytes }

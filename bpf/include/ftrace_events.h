@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (MIT OR GPL-2.0) */
 /*
  * ftrace_events.h: the wire format between bpf/ftrace.c and
- * pkg/hooks/fileev. Every record in the ft_events ring buffer starts with
+ * pkg/hooks/fileev. Every record in a slot's ring buffer (ft_rings) starts with
  * struct ft_event; records for syscalls that take path arguments are a
  * struct ft_path_event. pkg/hooks/fileev/wire.go mirrors these layouts and
  * a test checks the offsets against the BTF of the compiled object.

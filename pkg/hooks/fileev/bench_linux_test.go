@@ -311,7 +311,7 @@ func benchCycleBPF(b *testing.B, traced bool) {
 	if traced {
 		pid = h.pid
 	}
-	tr, _, _, stop := benchTracer(b, Config{Root: root}, pid)
+	tr, _, _, stop := benchTracer(b, Config{Root: root, PinDir: testPinDir(b)}, pid)
 	defer stop()
 	names := make([]string, 0, len(tr.host.progs))
 	for name := range tr.host.progs {

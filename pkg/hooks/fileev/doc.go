@@ -28,6 +28,14 @@
 // at most once per interval, Sync's marker always), so a decision that
 // syncs first never waits for a batch.
 //
+// One tracer serves the whole host: the first Tracer (of any carbd
+// process) loads and attaches the programs and pins them under
+// Config.PinDir; later ones open the pins, skipping verification and the
+// kernel BTF, and each takes a slot of its own (its ring buffer, read
+// generation, settings and loss counters), held by a flock so that a
+// crashed process's slot is reclaimed by the next one to start. The last
+// Tracer to close unpins it. docs/file-events.md, "One tracer per host".
+//
 // StartVirtiofsd runs /usr/lib/qemu/virtiofsd (one per VM boot), in a
 // cgroup when asked, so tracing that cgroup sees it from its first
 // syscall.
@@ -41,7 +49,8 @@
 // elsewhere New fails), root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN), BTF at
 // /sys/kernel/btf/vmlinux, tp_btf or raw_tracepoint programs (New probes
 // tp_btf first; Tracer.Mechanism says which is in use and why the other
-// was refused), ring buffers (5.8), openat2 (5.6), cgroup v2 for cgroup
+// was refused), ring buffers (5.8) in maps of maps, a bpf filesystem
+// (/sys/fs/bpf, mounted if missing), openat2 (5.6), cgroup v2 for cgroup
 // targets. No tracefs, kprobes, fentry or BPF-LSM needed.
 //
 // # Testing

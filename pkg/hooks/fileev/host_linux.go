@@ -5,6 +5,7 @@ package fileev
 import (
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 
 	"github.com/cilium/ebpf"
@@ -49,8 +50,9 @@ type host struct {
 	// (for their statistics); nil otherwise.
 	progs map[string]*ebpf.Program
 
-	coll  *ebpf.Collection
-	links []link.Link
+	coll    *ebpf.Collection // loaded by this process
+	links   []link.Link      // attached by this process
+	closers []io.Closer      // opened from pins by this process
 }
 
 // progNames are the programs of each mechanism and the tracepoint each
@@ -127,6 +129,10 @@ func (h *host) close() {
 		h.coll.Close()
 		h.coll = nil
 	}
+	for _, c := range h.closers {
+		c.Close()
+	}
+	h.closers = nil
 }
 
 // slot is one Tracer's share of a host.

@@ -88,6 +88,12 @@ type Config struct {
 	// regular file on M's filesystem, and after every loss
 	// (bpf/include/carbd/read_gen.h). Nil: the tracer has a map of its own.
 	ReadGen *ebpf.Map
+	// PinDir is the directory on a bpf filesystem where the host's one
+	// file tracer is pinned, shared by every Tracer (every carbd) that
+	// names the same directory: each takes a slot of it. Empty:
+	// DefaultPinDir (mounting /sys/fs/bpf if needed). See
+	// docs/file-events.md, "One tracer per host".
+	PinDir string
 }
 
 // Target selects processes to trace: a process by pid (and, unless
@@ -134,6 +140,7 @@ type Tracer struct {
 	note    string // why the preferred mechanism was not used
 	host    *host
 	sl      *slot
+	shared  *shared
 	rd      *ringbuf.Reader
 	root    *os.File // M, O_PATH: content reads resolve beneath it
 	rootDev uint32   // kernel encoding
@@ -281,6 +288,12 @@ func New(cfg Config) (_ *Tracer, err error) {
 	default:
 		return nil, fmt.Errorf("fileev: config: attach %q (want %s or %s)", cfg.Attach, MechTPBTF, MechRawTP)
 	}
+	if cfg.PinDir == "" {
+		cfg.PinDir = DefaultPinDir
+	}
+	if !filepath.IsAbs(cfg.PinDir) {
+		return nil, fmt.Errorf("fileev: config: pin dir %q is not an absolute path", cfg.PinDir)
+	}
 	t := &Tracer{cfg: cfg, targets: map[int]*traceTarget{}, waiters: map[uint64]chan struct{}{}}
 	defer func() {
 		if err != nil {
@@ -312,61 +325,46 @@ func New(cfg Config) (_ *Tracer, err error) {
 	if cfg.Attach != "" {
 		order = []string{cfg.Attach}
 	}
-	var errs []error
-	for _, m := range order {
-		if err := t.attach(m); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", m, err))
-			t.detach()
-			continue
-		}
-		t.mech = m
-		break
-	}
-	if t.mech == "" {
-		return nil, fmt.Errorf("fileev: attach tracing programs: %w", errors.Join(errs...))
-	}
-	if len(errs) > 0 {
-		t.note = errors.Join(errs...).Error()
-	}
 	dataMax := uint32(min(max(t.cfg.MaxContent, 0), dataMax))
 	if t.cfg.ReadBack {
 		dataMax = 0
 	}
-	t.sl, err = t.host.open(0, ftSlot{
-		WakeupNS:    uint64(max(t.cfg.WakeupInterval, 0)),
-		WakeupBytes: uint64(t.cfg.WakeupBytes),
-		OwnerTgid:   uint32(os.Getpid()),
-		GenDev:      t.rootDev,
-		DataMax:     dataMax,
-	}, t.cfg.RingBytes, t.cfg.ReadGen)
+	t.host, t.sl, t.shared, t.note, err = openShared(sharedConfig{
+		base:      cfg.PinDir,
+		order:     order,
+		ringBytes: cfg.RingBytes,
+		gen:       cfg.ReadGen,
+		slot: ftSlot{
+			WakeupNS:    uint64(max(t.cfg.WakeupInterval, 0)),
+			WakeupBytes: uint64(t.cfg.WakeupBytes),
+			OwnerTgid:   uint32(os.Getpid()),
+			GenDev:      t.rootDev,
+			DataMax:     dataMax,
+		},
+	})
 	if err != nil {
-		return nil, fmt.Errorf("fileev: open slot: %w", err)
+		return nil, fmt.Errorf("fileev: shared tracer: %w", err)
 	}
+	t.mech = t.host.mech
 	if t.rd, err = ringbuf.NewReader(t.sl.ring); err != nil {
 		return nil, fmt.Errorf("fileev: open ring buffer: %w", err)
 	}
 	return t, nil
 }
 
-func (t *Tracer) attach(mech string) error {
-	h, err := loadHost(mech)
-	if err != nil {
-		return err
+// detach gives the slot back (the last one out unpins the tracer). The
+// fields stay set (their handles closed): Stats and Sync after Close fail
+// on them.
+func (t *Tracer) detach() error {
+	if t.shared == nil {
+		return nil
 	}
-	t.host = h
+	sh := t.shared
+	t.shared = nil
+	if err := sh.release(t.host, t.sl); err != nil {
+		return fmt.Errorf("fileev: give slot %d back: %w", t.sl.n, err)
+	}
 	return nil
-}
-
-// detach gives the slot back and closes the host. The fields stay set
-// (their handles closed): Stats and Sync after Close fail on them.
-func (t *Tracer) detach() {
-	if t.sl != nil {
-		t.host.clear(t.sl.n)
-		t.sl.close()
-	}
-	if t.host != nil {
-		t.host.close()
-	}
 }
 
 // Generation reads the read generation (Config.ReadGen): it moves after
@@ -399,7 +397,7 @@ func (t *Tracer) Close() error {
 	t.closed = true
 	t.mu.Unlock()
 	var errs []error
-	t.detach()
+	errs = append(errs, t.detach())
 	if t.rd != nil {
 		errs = append(errs, t.rd.Close())
 	}
