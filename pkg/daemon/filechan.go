@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -42,6 +43,12 @@ type fileChannel struct {
 	// (revoke.go); set before tracing starts.
 	readGen *ebpf.Map
 
+	// lateRecord, set only by in-package tests, takes a record out of
+	// the tracer's order when it returns true: the test hands it to
+	// handleRecord later, as if its system call had returned after a
+	// commit point's second Sync.
+	lateRecord atomic.Pointer[func(*fileev.Record, []decide.Event) bool]
+
 	mu           sync.Mutex // guards the fields below
 	changes      uint64     // traced changes (outgoing file events)
 	unattributed uint64     // reads the tracer could not attribute
@@ -68,6 +75,13 @@ type pathState struct {
 	refused bool // some effect on it was refused
 	seqs    []uint64
 	ops     map[string]bool // the operations decided (decide.Event.Op)
+	// staged is set once the path was decided from the staging layer;
+	// digest and size are the staged entry that decision saw
+	// (staging.Change.Digest: type, mode, user.* xattrs, target,
+	// content). Only that entry is committed on the path's decisions.
+	staged bool
+	digest [32]byte
+	size   int64
 }
 
 func openFileChannel(d *daemon) (*fileChannel, error) {
@@ -160,25 +174,34 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 			if h := fc.d.cfg.hooks; h != nil && h.fileRecord != nil {
 				h.fileRecord(rec)
 			}
-			switch {
-			case unattributedRead(rec):
-				fc.mu.Lock()
-				fc.unattributed++
-				fc.mu.Unlock()
-				fc.assumeSensitiveRead(rec)
-			case rec.Kind == fileev.KindLoss:
-				// Records were lost: a read among them is a read
-				// carbd did not see.
-				fc.assumeSensitiveRead(rec)
+			if late := fc.lateRecord.Load(); late != nil && (*late)(rec, evs) {
+				return // a test hands it to handleRecord later
 			}
-			fc.noteUnseen(rec)
-			for _, ev := range evs {
-				fc.event(ctx, ev)
-			}
+			fc.handleRecord(ctx, rec, evs)
 		})
 	})
 	go func() { wg.Wait(); close(fc.done) }()
 	return cg.Path
+}
+
+// handleRecord handles one record of the file tracer and the events it
+// maps to.
+func (fc *fileChannel) handleRecord(ctx context.Context, rec *fileev.Record, evs []decide.Event) {
+	switch {
+	case unattributedRead(rec):
+		fc.mu.Lock()
+		fc.unattributed++
+		fc.mu.Unlock()
+		fc.assumeSensitiveRead(rec)
+	case rec.Kind == fileev.KindLoss:
+		// Records were lost: a read among them is a read carbd did
+		// not see.
+		fc.assumeSensitiveRead(rec)
+	}
+	fc.noteUnseen(rec)
+	for _, ev := range evs {
+		fc.event(ctx, ev)
+	}
 }
 
 // removeStaleCgroup removes the cgroup a crashed carbd left for this
@@ -572,17 +595,21 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			continue
 		}
 		state, unseen := fc.state(c.Path), fc.takeUnseen(c.Path)
-		if unseen && state != nil && fc.verdictOf(state) == decide.Defer {
+		// stale: no decision saw the staged entry as scanned now.
+		stale := state != nil && fc.verdictOf(state) != decide.Refuse && !fc.decidedAs(state, c)
+		if (unseen || stale) && state != nil && fc.verdictOf(state) == decide.Defer {
 			// Its decision is still held (a question open): not asked
 			// a second time meanwhile, not committed; decided again from
 			// the staging layer once that decision is final.
-			fc.keepUnseen(c.Path)
+			if unseen {
+				fc.keepUnseen(c.Path)
+			}
 			continue
 		}
-		if state == nil || unseen || fc.lostToDecide(c, state) {
+		if state == nil || unseen || stale || fc.lostToDecide(c, state) {
 			// Not seen by tracing, written with content it did not
-			// see, or staged when events were lost: decide it now from
-			// the staging layer.
+			// see, changed since it was decided, or staged when events
+			// were lost: decide it now from the staging layer.
 			ev, err := fc.st.Event(c)
 			if err != nil {
 				// Not committed on what tracing saw: it keeps its
@@ -595,6 +622,7 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			}
 			fc.dropLost(c.Path)
 			fc.propose(ctx, ev)
+			fc.noteStaged(c)
 			state = fc.state(c.Path)
 		}
 		if state == nil {
@@ -710,6 +738,37 @@ func (fc *fileChannel) dropLost(path string) {
 	fc.mu.Unlock()
 }
 
+// noteStaged binds the decision just taken on c from the staging layer
+// to the entry it saw: c as scanned (Stager.Event read the same digest).
+func (fc *fileChannel) noteStaged(c staging.Change) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	if ps := fc.paths[c.Path]; ps != nil {
+		ps.staged, ps.digest, ps.size = true, c.Digest, c.Size
+	}
+}
+
+// decidedAs reports whether ps's decisions saw the staged entry c: the
+// path's last decision from the staging layer saw c's digest. Records
+// alone never vouch for an entry with content, mode, attributes or a
+// target: a file assembled from several writes has no single record that
+// shows it, the bytes a shared mapping stores have no record at all, and
+// a write whose system call had not returned at the commit point's second
+// Sync has its bytes in the scan but its record after the verdicts. A
+// removal, or a new directory, whose operation was decided on the path is
+// that decision (nothing but its path to see).
+func (fc *fileChannel) decidedAs(ps *pathState, c staging.Change) bool {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	switch c.Op {
+	case staging.OpUnlink, staging.OpRmdir, staging.OpMkdir:
+		if ps.ops[c.Op.EventOp()] {
+			return true
+		}
+	}
+	return ps.staged && ps.digest == c.Digest && ps.size == c.Size
+}
+
 // state returns the decisions recorded for path or for the directory it
 // is in (a new directory's files are decided with it).
 func (fc *fileChannel) state(path string) *pathState {
@@ -755,6 +814,14 @@ func (fc *fileChannel) finish(changes []staging.Change, res *staging.Result, err
 	refused := map[string]bool{}
 	for _, r := range res.Refused {
 		refused[r.Path] = true
+		if r.Reason == staging.ReasonChanged {
+			// Not what was decided (written since the scan): nothing of
+			// it went to W; it stays staged and is decided again, on its
+			// new content, at the next commit point.
+			fc.unseen[r.Path] = true
+			fc.d.log.Info("staged change written since its decision: decided again at the next commit point", "path", r.Path, "op", r.Op.String())
+			continue
+		}
 		fc.refuseLocked(r.String())
 	}
 	digests := make(map[string][32]byte, len(changes))
@@ -822,7 +889,7 @@ func (fc *fileChannel) conflictLocked(cf staging.Conflict, digest [32]byte) {
 func (fc *fileChannel) endRun(ctx context.Context) {
 	cfs, err := fc.st.Finish(ctx, func(c staging.Change) bool {
 		ps := fc.state(c.Path)
-		return ps != nil && fc.verdictOf(ps) == decide.Release
+		return ps != nil && fc.verdictOf(ps) == decide.Release && fc.decidedAs(ps, c)
 	})
 	fc.mu.Lock()
 	for _, cf := range cfs {
