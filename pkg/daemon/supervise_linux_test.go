@@ -21,10 +21,11 @@ import (
 // open (so no commit point commits it), and keeps sending requests the
 // policy defers too (URLs the task does not give: they wait in the
 // engine behind the POST's question when the component fails) and
-// requests it releases (the task's URL: GETs flow until the failure; a
-// clean POST, state-changing, waits for the open scope to resolve, which
-// the failure's stop ends: its release then comes after the failure; the
-// same over intercepted HTTPS).
+// requests it releases (the task's URL: GETs flow until the failure,
+// and the agent says it staged its write only once the world answered
+// one of them; a clean POST, state-changing, waits for the open scope to
+// resolve, which the failure's stop ends: its release then comes after
+// the failure; the same over intercepted HTTPS).
 const superviseScript = `set -u
 curl -sS -m 5 -o /dev/null http://api.example.com/status; echo "get=$?"
 key=$(grep -v -- ----- certs/service.pem)
@@ -33,10 +34,11 @@ while [ ! -e /run/carbd/posted ]; do sleep 0.05; done
 echo agent-write > staged.txt
 i=0
 (while :; do i=$((i+1)); curl -sS -m 60 -o /dev/null http://api.example.com/after-$i; sleep 0.05; done) &
-(while :; do curl -sS -m 5 -o /dev/null http://api.example.com/status; sleep 0.05; done) &
+(while :; do curl -sS -m 5 -o /dev/null http://api.example.com/status && touch /run/carbd/got; sleep 0.05; done) &
 curl -sS -m 60 -o /dev/null -X POST --data clean http://api.example.com/status &
 curl -sS -m 60 -o /dev/null -X POST --data clean-tls https://api.example.com/status &
 sleep 0.5
+while [ ! -e /run/carbd/got ]; do sleep 0.05; done
 touch /run/carbd/wrote
 wait
 `
