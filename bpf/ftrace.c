@@ -103,7 +103,7 @@ struct ft_inflight {
 	__u32 nr;
 	__u32 target;
 	__u32 slot;
-	__u32 pad;
+	__u32 epoch; /* the slot's, at entry */
 	struct ft_fdinfo fi; /* close: the descriptor before it goes away */
 };
 
@@ -429,14 +429,15 @@ static __always_inline struct ft_target *lookup_target(__u32 tgid)
 }
 
 /* traced returns the target of the current process, or NULL; a slot's
- * owner (carbd) is never traced in its own slot. */
+ * owner (carbd) is never traced in its own slot, and an entry left by a
+ * slot's earlier owner (another epoch) traces nothing. */
 static __always_inline struct ft_target *traced(__u32 tgid)
 {
 	struct ft_target *t = lookup_target(tgid);
 	if (!t)
 		return NULL;
 	struct ft_slot *s = slot_of(t->slot);
-	if (!s || s->owner_tgid == tgid)
+	if (!s || s->owner_tgid == tgid || s->epoch != t->epoch)
 		return NULL;
 	return t;
 }
@@ -533,6 +534,7 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 	in.nr = nr;
 	in.target = t->id;
 	in.slot = t->slot;
+	in.epoch = t->epoch;
 	in.fi.fd = -1;
 	switch (sc.op) {
 	case FT_OP_DUP:
@@ -675,8 +677,8 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 	}
 	__u32 slot = in->slot;
 	struct ft_slot *cfg = slot_of(slot);
-	if (!cfg)
-		goto out;
+	if (!cfg || cfg->epoch != in->epoch)
+		goto out; /* the slot changed owner during the syscall */
 	__u32 gen_dev = cfg->gen_dev;
 	__u32 data_max = cfg->data_max;
 	/* A read of a regular file of M (a read or a copy that returned

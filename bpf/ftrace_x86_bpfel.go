@@ -49,7 +49,7 @@ type ftraceFtInflight struct {
 	Nr     uint32
 	Target uint32
 	Slot   uint32
-	Pad    uint32
+	Epoch  uint32
 	Fi     struct {
 		_     structs.HostLayout
 		Ino   uint64
@@ -69,7 +69,7 @@ type ftraceFtSlot struct {
 	OwnerTgid   uint32
 	GenDev      uint32
 	DataMax     uint32
-	Pad         uint32
+	Epoch       uint32
 }
 
 type ftraceFtTarget struct {
@@ -78,6 +78,7 @@ type ftraceFtTarget struct {
 	Flags uint32
 	Slot  uint32
 	Level uint32
+	Epoch uint32
 }
 
 // Names of all BPF objects in the ELF.

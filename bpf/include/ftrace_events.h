@@ -136,6 +136,8 @@ struct ft_target {
 	__u32 flags; /* FT_T_FOLLOW: children of a traced pid are traced too */
 	__u32 slot;  /* the slot whose ring gets the records */
 	__u32 level; /* ft_cgroups: the cgroup's level (ft_levels is their union) */
+	__u32 epoch; /* the slot's epoch when the entry was made: a stale entry
+		      * of a slot's previous owner traces nothing */
 };
 
 /* Value of ft_slots: one sandbox's settings (written by its carbd when it
@@ -160,7 +162,9 @@ struct ft_slot {
 	/* Most bytes of a read's or write's buffer copied into its record,
 	 * at most FT_DATA_MAX; 0 copies none. */
 	__u32 data_max;
-	__u32 pad;
+	/* Moves each time the slot is taken: entries (targets, syscalls in
+	 * flight) of an earlier owner never reach the new owner's ring. */
+	__u32 epoch;
 };
 
 #define FT_T_FOLLOW 1

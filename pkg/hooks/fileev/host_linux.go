@@ -24,6 +24,7 @@ type ftTarget struct {
 	Flags uint32
 	Slot  uint32
 	Level uint32
+	Epoch uint32
 }
 
 const ftFollow = 1
@@ -36,7 +37,7 @@ type ftSlot struct {
 	OwnerTgid   uint32
 	GenDev      uint32
 	DataMax     uint32
-	Pad         uint32
+	Epoch       uint32
 }
 
 // host is the file tracer's programs and maps: one instance serves every
@@ -137,8 +138,9 @@ func (h *host) close() {
 
 // slot is one Tracer's share of a host.
 type slot struct {
-	h    *host
-	n    uint32
+	h     *host
+	n     uint32
+	epoch uint32 // ftSlot.Epoch: this owner's, carried by its targets
 	ring *ebpf.Map // the slot's ring buffer, made by this process
 	gen  *ebpf.Map // the slot's read generation
 	own  bool      // gen was made here
@@ -164,6 +166,12 @@ func (h *host) open(n uint32, cfg ftSlot, ringBytes int, gen *ebpf.Map) (_ *slot
 		}
 		s.own = true
 	}
+	var prev ftSlot
+	if err := h.slots.Lookup(n, &prev); err != nil {
+		return nil, fmt.Errorf("read slot %d: %w", n, err)
+	}
+	cfg.Epoch = prev.Epoch + 1
+	s.epoch = cfg.Epoch
 	if err := h.slots.Update(n, cfg, ebpf.UpdateAny); err != nil {
 		return nil, fmt.Errorf("set slot %d: %w", n, err)
 	}

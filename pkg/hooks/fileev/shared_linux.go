@@ -387,6 +387,19 @@ func removeIfUnused(dir string) {
 	}
 }
 
+// locked runs f under the host-wide lock.
+func (sh *shared) locked(f func() error) error {
+	if sh == nil {
+		return ErrClosed
+	}
+	l, _, err := lockDir(sh.base, false)
+	if err != nil {
+		return fmt.Errorf("fileev: %w", err)
+	}
+	defer l.Close()
+	return f()
+}
+
 // release gives slot s back: its entries leave the host's maps, its lock
 // and directory go; the last one out unpins the tracer, which the kernel
 // then detaches (once the last handle, possibly this process's, closes).

@@ -335,3 +335,37 @@ func TestSharedOtherBuild(t *testing.T) {
 		t.Errorf("left in the pin dir: %s", strings.Join(names, " "))
 	}
 }
+
+// TestSharedStaleEpoch: an entry made for a slot's earlier owner (an
+// older epoch: a target left behind, a syscall in flight when the slot
+// changed hands) traces nothing into the new owner's ring.
+func TestSharedStaleEpoch(t *testing.T) {
+	testutil.RequireRoot(t)
+	pins := testPinDir(t)
+	root := t.TempDir()
+	tr, col, _ := openRun(t, Config{Root: root, PinDir: pins})
+	if tr.sl.epoch == 0 {
+		t.Fatalf("slot %d has epoch 0", tr.sl.n)
+	}
+	stale := startHelper(t, "ops", t.TempDir(), nil)
+	fresh := startHelper(t, "ops", t.TempDir(), nil)
+	for _, e := range []struct {
+		pid   int
+		epoch uint32
+	}{{stale.pid, tr.sl.epoch - 1}, {fresh.pid, tr.sl.epoch}} {
+		v := ftTarget{ID: 7, Slot: tr.sl.n, Epoch: e.epoch}
+		if err := tr.host.pids.Update(uint32(e.pid), v, ebpf.UpdateNoExist); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.host.pids.Delete(uint32(e.pid)) })
+	}
+	stale.run(t)
+	fresh.run(t)
+	syncTracer(t, tr)
+	if rs, _ := col.of(stale.pid); len(rs) != 0 {
+		t.Errorf("%d records of a target of the slot's earlier epoch, first %v", len(rs), &rs[0])
+	}
+	if rs, _ := col.of(fresh.pid); len(rs) == 0 {
+		t.Errorf("no records of a target of the slot's epoch")
+	}
+}

@@ -430,7 +430,7 @@ func (t *Tracer) Trace(tg Target) (int, error) {
 	}
 	id := t.nextID + 1
 	tt := &traceTarget{t: tg}
-	val := ftTarget{ID: uint32(id), Slot: t.sl.n}
+	val := ftTarget{ID: uint32(id), Slot: t.sl.n, Epoch: t.sl.epoch}
 	if tg.PID > 0 {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", tg.PID)); err != nil {
 			return 0, fmt.Errorf("fileev: target: pid %d: %w", tg.PID, err)
@@ -451,17 +451,24 @@ func (t *Tracer) Trace(tg Target) (int, error) {
 		}
 		tt.cgID, tt.level = cg.ID, cg.Level
 		val.Level = uint32(cg.Level)
-		if err := t.host.cgroups.Update(cg.ID, val, ebpf.UpdateNoExist); err != nil {
-			return 0, fmt.Errorf("fileev: trace cgroup %s: %w", tg.Cgroup, err)
+		// Under the host-wide lock: the levels are the union of every
+		// slot's cgroups.
+		err = t.shared.locked(func() error {
+			if err := t.host.cgroups.Update(cg.ID, val, ebpf.UpdateNoExist); err != nil {
+				return fmt.Errorf("fileev: trace cgroup %s: %w", tg.Cgroup, err)
+			}
+			if err := t.host.syncLevels(); err != nil {
+				t.host.cgroups.Delete(cg.ID)
+				return err
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
 		}
 	}
 	t.nextID = id
 	t.targets[id] = tt
-	if tt.cgID != 0 {
-		if err := t.host.syncLevels(); err != nil {
-			return 0, err
-		}
-	}
 	// Snapshot after the BPF side traces them: a change in between shows
 	// in both, and replaying it is harmless.
 	if tg.PID > 0 {
@@ -488,10 +495,12 @@ func (t *Tracer) Untrace(id int) error {
 	}
 	delete(t.targets, id)
 	if tt.cgID != 0 {
-		if err := t.host.cgroups.Delete(tt.cgID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("fileev: untrace cgroup %s: %w", tt.t.Cgroup, err)
-		}
-		return t.host.syncLevels()
+		return t.shared.locked(func() error {
+			if err := t.host.cgroups.Delete(tt.cgID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("fileev: untrace cgroup %s: %w", tt.t.Cgroup, err)
+			}
+			return t.host.syncLevels()
+		})
 	}
 	n := t.sl.n
 	if err := deleteWhere(t.host.pids, func(v ftTarget) bool { return v.ID == uint32(id) && v.Slot == n }, new(uint32)); err != nil {
