@@ -256,9 +256,11 @@ func cgroupPids(dir string) []int {
 	return pids
 }
 
-// New loads the tracing programs, attaches them (probing tp_btf, then
-// raw_tracepoint) and opens the ring buffer. Nothing is traced until
-// Trace. Needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN) and BTF.
+// New takes a slot of the host's file tracer pinned in Config.PinDir,
+// loading, attaching (probing tp_btf, then raw_tracepoint) and pinning
+// it first when no live Tracer of this build has, and opens the slot's
+// ring buffer. Nothing is traced until Trace. Needs root (CAP_BPF,
+// CAP_PERFMON, CAP_SYS_ADMIN), BTF and a bpf filesystem.
 func New(cfg Config) (_ *Tracer, err error) {
 	if cfg.Root == "" || !filepath.IsAbs(cfg.Root) {
 		return nil, fmt.Errorf("fileev: config: root %q is not an absolute path", cfg.Root)
@@ -387,7 +389,9 @@ func (t *Tracer) Generation() (uint64, error) {
 // when the preferred one was refused, why.
 func (t *Tracer) Mechanism() (mech, note string) { return t.mech, t.note }
 
-// Close detaches the programs and frees the maps. Run returns.
+// Close gives the slot back (the last Tracer of the host to close
+// unpins the tracer, and the kernel detaches it) and frees the slot's
+// maps. Run returns.
 func (t *Tracer) Close() error {
 	t.mu.Lock()
 	if t.closed {
