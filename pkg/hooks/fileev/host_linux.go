@@ -140,10 +140,10 @@ func (h *host) close() {
 type slot struct {
 	h     *host
 	n     uint32
-	epoch uint32 // ftSlot.Epoch: this owner's, carried by its targets
-	ring *ebpf.Map // the slot's ring buffer, made by this process
-	gen  *ebpf.Map // the slot's read generation
-	own  bool      // gen was made here
+	epoch uint32    // ftSlot.Epoch: this owner's, carried by its targets
+	ring  *ebpf.Map // the slot's ring buffer, made by this process
+	gen   *ebpf.Map // the slot's read generation
+	own   bool      // gen was made here
 }
 
 // open sets slot n up: its settings, zeroed counters, its ring and read
