@@ -659,6 +659,7 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			labelled = append(labelled, c)
 		}
 		if len(labelled) > 0 {
+			fc.testStage("commit")
 			res, err := fc.st.Commit(ctx, labelled)
 			fc.finish(labelled, res, err, true)
 		}
@@ -814,7 +815,7 @@ func (fc *fileChannel) finish(changes []staging.Change, res *staging.Result, err
 	refused := map[string]bool{}
 	for _, r := range res.Refused {
 		refused[r.Path] = true
-		if r.Reason == staging.ReasonChanged {
+		if commit && r.Reason == staging.ReasonChanged {
 			// Not what was decided (written since the scan): nothing of
 			// it went to W; it stays staged and is decided again, on its
 			// new content, at the next commit point.

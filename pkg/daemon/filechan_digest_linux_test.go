@@ -504,3 +504,118 @@ func runRace(t *testing.T, second string) (*Summary, string) {
 	}
 	return sum, work
 }
+
+// storePolicy refuses the secret in m.bin (by value) and releases every
+// other file effect.
+const storePolicy = `
+version: 1
+levels: [public, secret]
+trusted:
+  task: true
+refuse:
+  - {name: no-key-in-m, paths: ["m.bin"], values: ["` + digestSecret + `"]}
+operations:
+  - {ops: ["file:*"], kind: stageable, gate: []}
+defaults: {kind: blocking, gate: [target, credential, command]}
+`
+
+// TestMmapStoreDuringCommit: m.bin, written through a shared mapping, is
+// decided from the staging layer and released; while the commit point
+// commits it (after its scan and verdicts, before Commit copies it), the
+// agent stores the secret through the still-live mapping. Commit copies
+// only the decided bytes (the digest differs: nothing of m.bin goes to
+// W), and the next commit point decides the new content (refused) rather
+// than committing it on the earlier release.
+func TestMmapStoreDuringCommit(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "python3")
+	work := workdir(t)
+	pol, err := decide.ParsePolicy("store.yaml", []byte(storePolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	said := &lineWaiter{lines: map[string]chan struct{}{"mapped": make(chan struct{}), "wrote-second": make(chan struct{})}}
+	var dp atomic.Pointer[daemon]
+	var stored atomic.Bool
+	var mu sync.Mutex
+	var errs []string
+	commitStage := func(stage string) {
+		if stage != "commit" || stored.Load() {
+			return
+		}
+		select {
+		case <-said.lines["mapped"]:
+		default:
+			return
+		}
+		d := dp.Load()
+		ps := d.files.state("m.bin")
+		if ps == nil || d.files.verdictOf(ps) != decide.Release {
+			return
+		}
+		d.files.mu.Lock()
+		staged := ps.staged
+		d.files.mu.Unlock()
+		if !staged {
+			return
+		}
+		// m.bin is being committed on its decision: store the secret now.
+		stored.Store(true)
+		if _, err := io.WriteString(pw, "go\n"); err != nil || !said.wait("wrote-second", time.Minute) {
+			mu.Lock()
+			errs = append(errs, fmt.Sprintf("the agent did not store the secret: %v", err))
+			mu.Unlock()
+		}
+		pw.Close()
+	}
+	var out syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	stop := time.AfterFunc(2*time.Minute, func() { pw.Close() })
+	defer stop.Stop()
+	first := strings.Repeat("f", len(digestSecret))
+	script := fmt.Sprintf("FIRST = %q.encode()\nSECOND = %q.encode()\n", first, digestSecret) + mmapAgent
+	cfg := Config{ID: testutil.UniqueName("s"), StateDir: t.TempDir(), Policy: pol, PolicyPath: "store.yaml",
+		Workdir: work, Task: "Write the files", Argv: []string{"/usr/bin/python3", "-c", script}, UID: sandboxUID, GID: sandboxUID,
+		HoldTimeout: 3 * time.Second, Stdin: pr, Stdout: said, Stderr: &out,
+		Log: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	cfg.hooks = &testHooks{started: func(d *daemon) { dp.Store(d) }, commitStage: commitStage}
+	sum, err := Run(ctx, cfg)
+	log := out.String()
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, log)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the run did not end before its deadline\n%s", log)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(errs) > 0 || !stored.Load() {
+		t.Fatalf("not tested: stored %v: %s\n%s", stored.Load(), strings.Join(errs, "; "), log)
+	}
+	if sum.ExitCode != 0 {
+		t.Fatalf("the agent exited %d\n%s", sum.ExitCode, log)
+	}
+	// Commit found m.bin changed since its decision: said in the log (or,
+	// as before, reported as a refusal).
+	changed := strings.Contains(log, "staged change written since its decision")
+	for _, r := range sum.FileRefusals {
+		changed = changed || strings.Contains(r, "m.bin") && strings.Contains(r, "changed since it was scanned")
+	}
+	if !changed {
+		t.Fatalf("not tested: Commit never found m.bin changed since its decision\n%s", log)
+	}
+	if b, err := os.ReadFile(filepath.Join(work, "m.bin")); err == nil && strings.Contains(string(b), digestSecret) {
+		t.Errorf("m.bin committed with the secret stored through the mapping after its decision")
+	}
+	if !stagedDecision(sum.Refused, "m.bin", digestSecret) {
+		t.Errorf("m.bin's new content was not refused from the staging layer: refused %+v", sum.Refused)
+	}
+	for _, r := range sum.FileRefusals {
+		if strings.Contains(r, "m.bin") && strings.Contains(r, "changed since it was scanned") {
+			t.Errorf("a change written since its decision is reported as refused: %q", r)
+		}
+	}
+}
