@@ -169,8 +169,18 @@ var suites = []suite{
 	{
 		Title: "File tracing (pkg/hooks/fileev)",
 		Pkg:   "./pkg/hooks/fileev/",
-		Bench: ".",
+		// The goals' benchmark and the two that explain it; not the
+		// per-host costs (BenchmarkHostSyscall, BenchmarkNewTracer: 2.5
+		// min more), run by hand (docs/file-events.md).
+		Bench: "FileCycle|ReaderThroughput",
 		Root:  true,
+		// BenchmarkReaderThroughput spends most of its time filling the
+		// ring with the timer stopped, and the harness sizes it to the
+		// benchtime: 269 s of 669 at 1s on the loaded machine; its 3 runs
+		// within 2-6 % (quiet). FileCycleBPF's 3 runs (bpf-ns/op) within
+		// 3-15 %. FileCycle does not depend on it (a run is 8 rounds of
+		// 250 cycles per variant, over the benchtime).
+		Benchtime: "300ms",
 		Goals: []goal{
 			{Name: "BenchmarkFileCycle/fsync", Metric: "ratio", Text: "4 KB cycle with tracing ≤ 1.15 × without", OK: func(v float64) bool { return v <= 1.15 }},
 			{Name: "BenchmarkFileCycle/nofsync", Metric: "ratio", Text: "4 KB cycle without fsync, with tracing ≤ 1.15 × without", OK: func(v float64) bool { return v <= 1.15 }},
