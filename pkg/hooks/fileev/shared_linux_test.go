@@ -26,7 +26,7 @@ import (
 // with every carbd and test on the host).
 func testPinDir(t testing.TB) string {
 	t.Helper()
-	d := filepath.Join("/sys/fs/bpf/carbd-test", testutil.UniqueName("ft"))
+	d := filepath.Join("/sys/fs/bpf/carbd-fileev-test", testutil.UniqueName("ft"))
 	t.Cleanup(func() {
 		if ents, err := os.ReadDir(d); err == nil && len(ents) > 0 {
 			t.Errorf("pin dir %s left with %d entries", d, len(ents))
