@@ -145,8 +145,11 @@ var suites = []suite{
 		// docs/scale.md has them, run by hand).
 		Title: "Many sandboxes (internal/scalebench)",
 		Pkg:   "./internal/scalebench/",
-		Bench: "HundredSandboxes/sandboxes=20$|StartWhileRunning",
-		Root:  true,
+		// One carbd for both scalebench suites (each of their benchmarks
+		// built its own: five builds a run).
+		CarbdEnv: "CARBD_SCALE_BIN",
+		Bench:    "HundredSandboxes/sandboxes=20$|StartWhileRunning",
+		Root:     true,
 		Goals: []goal{
 			{Name: "BenchmarkHundredSandboxes/sandboxes=20", Metric: "start-p50-ms", Text: "start-to-exec latency p50 ≤ 150 ms, sandboxes started at once", OK: func(v float64) bool { return v <= 150 }},
 			{Name: "BenchmarkStartWhileRunning/sandboxes=20", Metric: "start-p50-ms", Text: "start-to-exec latency p50 ≤ 150 ms, sandboxes started one after another, the earlier ones running", OK: func(v float64) bool { return v <= 150 }},
@@ -160,8 +163,11 @@ var suites = []suite{
 		// iteration), the goal's own setting.
 		Title: "Start-up of one sandbox (internal/scalebench)",
 		Pkg:   "./internal/scalebench/",
-		Bench: "StartToExec",
-		Root:  true,
+		// One carbd for both scalebench suites (each of their benchmarks
+		// built its own: five builds a run).
+		CarbdEnv: "CARBD_SCALE_BIN",
+		Bench:    "StartToExec",
+		Root:     true,
 		Goals: []goal{
 			{Name: "BenchmarkStartToExec", Metric: "start-p50-ms", Text: "start-to-exec latency p50 ≤ 150 ms, one netns sandbox", OK: func(v float64) bool { return v <= 150 }},
 		},
