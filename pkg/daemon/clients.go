@@ -33,7 +33,8 @@ import (
 // retransmitted) and the sandbox's exit.
 
 // clientProbeEvery is how often the sandbox's sockets are listed while
-// an effect waits for the oracle.
+// an effect waits for the oracle. Nothing is listed, and run does not
+// wake, while none waits.
 const clientProbeEvery = 500 * time.Millisecond
 
 // clientWatch finds the effects whose client socket is gone.
@@ -42,6 +43,8 @@ type clientWatch struct {
 	// on: the sandbox's sockets can be listed (the namespace sandbox);
 	// else nothing is watched.
 	on bool
+	// kick tells run that an effect is watched: it arms its timer.
+	kick chan struct{}
 
 	mu     sync.Mutex         // guards the fields below
 	asking map[uint64]watched // decisions in progress, by a watch id
@@ -58,7 +61,8 @@ type watched struct {
 }
 
 func newClientWatch(nc *netChannel) *clientWatch {
-	return &clientWatch{nc: nc, on: nc.d.cfg.Backend == "netns", asking: map[uint64]watched{}, held: map[uint64]watched{}}
+	return &clientWatch{nc: nc, on: nc.d.cfg.Backend == "netns", kick: make(chan struct{}, 1),
+		asking: map[uint64]watched{}, held: map[uint64]watched{}}
 }
 
 // watchDecision watches the client of a decision in progress; gone is
@@ -72,6 +76,7 @@ func (cw *clientWatch) watchDecision(flow tcx.FlowKey, gone func(reason string))
 	cw.next++
 	id := cw.next
 	cw.asking[id] = watched{flow: flow, gone: gone}
+	cw.wake()
 	return func() {
 		cw.mu.Lock()
 		delete(cw.asking, id)
@@ -89,19 +94,37 @@ func (cw *clientWatch) watchHeld(seq uint64, flow tcx.FlowKey) {
 	cw.mu.Lock()
 	cw.held[seq] = watched{flow: flow, gone: func(reason string) { d.clientGone(seq, reason) }}
 	cw.mu.Unlock()
+	cw.wake()
+}
+
+// wake tells run that an effect is watched; it never blocks.
+func (cw *clientWatch) wake() {
+	select {
+	case cw.kick <- struct{}{}:
+	default:
+	}
+}
+
+// watching reports whether an effect is watched.
+func (cw *clientWatch) watching() bool {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	return len(cw.asking) > 0 || len(cw.held) > 0
 }
 
 func probeable(k tcx.FlowKey) bool {
 	return k.Proto == tcx.ProtoTCP || k.Proto == 17
 }
 
-// run probes every clientProbeEvery until ctx ends. pid is a process in
-// the sandbox's network namespace.
+// run probes every clientProbeEvery while an effect is watched, until
+// ctx ends; it sleeps while none is. pid is a process in the sandbox's
+// network namespace.
 func (cw *clientWatch) run(ctx context.Context, pid int) {
 	cw.mu.Lock()
 	cw.pid = pid
 	cw.mu.Unlock()
-	t := time.NewTicker(clientProbeEvery)
+	t := time.NewTimer(clientProbeEvery)
+	armed := true // a watch made before run started is probed too
 	defer t.Stop()
 	defer func() {
 		cw.mu.Lock()
@@ -115,7 +138,19 @@ func (cw *clientWatch) run(ctx context.Context, pid int) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-cw.kick:
+			if !armed {
+				armed = true
+				t.Reset(clientProbeEvery)
+			}
 		case <-t.C:
+			armed = false
+			// (A watch made from here on is seen by watching, or
+			// leaves a kick.)
+			if cw.watching() {
+				armed = true
+				t.Reset(clientProbeEvery)
+			}
 			if err := cw.probe(); err != nil {
 				cw.mu.Lock()
 				warn := !cw.warned

@@ -15,6 +15,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -296,6 +297,14 @@ type daemon struct {
 	// noticeHook, when set (by a VM backend, before the verdict loop
 	// starts), also gets every abort notice; it must not block.
 	noticeHook func(text string)
+
+	// runWake wakes the run loop (wakeRun): something happened that its
+	// commit point, the status view or the ledger gate may act on.
+	// runBusy: wakeRun was called since the loop's last tick; shared: a
+	// writable shared mapping of the working directory was traced.
+	runWake chan struct{}
+	runBusy atomic.Bool
+	shared  atomic.Bool
 }
 
 // sandboxProc is a running sandbox backend.
@@ -319,7 +328,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return nil, err
 	}
 	d := &daemon{cfg: cfg, log: cfg.Log.With("sandbox", cfg.ID), started: time.Now(),
-		decisions: map[uint64]*decide.Decision{}, final: map[uint64]*decide.Decision{}, held: map[uint64]*decide.Decision{}}
+		decisions: map[uint64]*decide.Decision{}, final: map[uint64]*decide.Decision{}, held: map[uint64]*decide.Decision{},
+		runWake: make(chan struct{}, 1)}
 	d.stopping, d.stop = context.WithCancel(context.Background())
 	defer d.stop()
 	d.exited, d.exitedCancel = context.WithCancelCause(context.Background())
@@ -455,6 +465,49 @@ func (d *daemon) setup(ctx context.Context) error {
 	return nil
 }
 
+// The run loop's commit point runs commitEvery after a file record or a
+// decision (so a traced write reaches its commit point within
+// commitEvery, as it always did), and every commitEvery while changes may
+// come untraced: tracing off, a scope open, a writable shared mapping of
+// the working directory (its stores make no system call). Otherwise the
+// loop sleeps, and runs it every idleCommitEvery only, for what the tracer
+// does not report at all (a write through io_uring, say): an idle
+// sandbox does not wake its carbd twice a second.
+const (
+	commitEvery     = 500 * time.Millisecond
+	idleCommitEvery = 5 * time.Second
+)
+
+// wakeRun tells the run loop that a file record or a decision came: its
+// next commit point is at most commitEvery away. It never blocks.
+func (d *daemon) wakeRun() {
+	d.runBusy.Store(true)
+	select {
+	case d.runWake <- struct{}{}:
+	default:
+	}
+}
+
+// fileRecordSeen wakes the run loop for a record of the file tracer, and
+// notes a writable shared mapping of the working directory.
+func (d *daemon) fileRecordSeen(r *fileev.Record) {
+	if r.Op == fileev.OpMmap {
+		if _, ok := unseenWrite(r); ok {
+			d.shared.Store(true)
+		}
+	}
+	d.wakeRun()
+}
+
+// nextCommitPoint is the delay before the run loop's next tick.
+func (d *daemon) nextCommitPoint() time.Duration {
+	busy := d.runBusy.Swap(false)
+	if busy || d.shared.Load() || d.files == nil || d.files.tracer == nil || d.engine.ScopeOpen() != 0 {
+		return commitEvery
+	}
+	return idleCommitEvery
+}
+
 // run waits for the sandbox and resolves what it did.
 func (d *daemon) run(ctx context.Context) (*Summary, error) {
 	done := make(chan struct{})
@@ -465,7 +518,8 @@ func (d *daemon) run(ctx context.Context) (*Summary, error) {
 		close(done)
 	}()
 	stopOnce := sync.Once{}
-	ticker := time.NewTicker(500 * time.Millisecond)
+	ticker := time.NewTimer(commitEvery)
+	armed := commitEvery
 	defer ticker.Stop()
 	stop := ctx.Done()
 loop:
@@ -492,7 +546,14 @@ loop:
 					}
 				}()
 			})
+		case <-d.runWake:
+			if armed != commitEvery {
+				armed = commitEvery
+				ticker.Reset(commitEvery)
+			}
 		case <-ticker.C:
+			armed = d.nextCommitPoint()
+			ticker.Reset(armed)
 			// Keep the status's view of the engine fresh while the
 			// engine is free (it is not while the oracle is asked).
 			d.refreshView()
@@ -755,6 +816,7 @@ func searchable(dir string) error {
 
 // record keeps a decision for the summary and the status.
 func (d *daemon) record(dec decide.Decision) {
+	defer d.wakeRun()
 	defer d.kickView()
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -187,6 +187,7 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 // handleRecord handles one record of the file tracer and the events it
 // maps to.
 func (fc *fileChannel) handleRecord(ctx context.Context, rec *fileev.Record, evs []decide.Event) {
+	defer fc.d.fileRecordSeen(rec) // after noteUnseen: the commit point sees its marks
 	switch {
 	case unattributedRead(rec):
 		fc.mu.Lock()
