@@ -209,10 +209,10 @@ func report() int {
 			names = append(names, n)
 		}
 		sort.Strings(names)
-		fmt.Fprintf(&b, "`go %s`\n\nWall time %s (build %s, run %s). A benchmark's wall time is the time from the previous result line to each of its own, summed over the runs: its set-up, the harness's sizing runs and the measured ones.\n\n| benchmark | wall | figures |\n|---|---|---|\n",
+		fmt.Fprintf(&b, "`go %s`\n\nWall time %s (build %s, run %s). A benchmark's wall time is the time from the previous result line to each of its own, summed over the runs: its set-up, the harness's sizing runs and the measured ones. Spread: (max − min) / median of ns/op over the runs.\n\n| benchmark | wall | spread | figures |\n|---|---|---|---|\n",
 			strings.Join(args, " "), secs(build+run), secs(build), secs(run))
 		for _, n := range names {
-			fmt.Fprintf(&b, "| %s | %s | %s |\n", strings.TrimPrefix(n, "Benchmark"), secs(wall[n]), render(res[n]))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", strings.TrimPrefix(n, "Benchmark"), secs(wall[n]), spread(runs[n], "ns/op"), render(res[n]))
 		}
 		b.WriteString("\n")
 		for _, r := range s.Ratios {
@@ -234,7 +234,7 @@ func report() int {
 			if !g.OK(v) {
 				mark = "NOT met"
 			}
-			fmt.Fprintf(&b, "- goal %s: %s %s — %s\n", g.Text, fmtv(v, g.Metric), g.Metric, mark)
+			fmt.Fprintf(&b, "- goal %s: %s %s — %s (runs: %s)\n", g.Text, fmtv(v, g.Metric), g.Metric, mark, values(runs[g.Name], g.Metric))
 		}
 		b.WriteString("\n")
 	}
@@ -358,6 +358,37 @@ func stamp(r io.Reader, w io.Writer, start time.Time, now func() time.Time) map[
 		prev = t
 	}
 	return wall
+}
+
+// spread is (max - min) / median of metric over rs, as a percentage; ""
+// with fewer than two values.
+func spread(rs []result, metric string) string {
+	var vs []float64
+	for _, r := range rs {
+		if v, ok := r[metric]; ok {
+			vs = append(vs, v)
+		}
+	}
+	if len(vs) < 2 {
+		return ""
+	}
+	sort.Float64s(vs)
+	med := vs[len(vs)/2]
+	if med == 0 {
+		return ""
+	}
+	return strconv.FormatFloat((vs[len(vs)-1]-vs[0])/med*100, 'f', 0, 64) + " %"
+}
+
+// values lists metric's value in each of rs, in run order.
+func values(rs []result, metric string) string {
+	parts := make([]string, 0, len(rs))
+	for _, r := range rs {
+		if v, ok := r[metric]; ok {
+			parts = append(parts, fmtv(v, metric))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // longest names the benchmark with the most wall time, with its time.

@@ -66,3 +66,16 @@ func TestSelected(t *testing.T) {
 		}
 	}
 }
+
+func TestSpreadAndValues(t *testing.T) {
+	rs := []result{{"ns/op": 110, "x": 1}, {"ns/op": 90}, {"ns/op": 100, "x": 3}}
+	if got := spread(rs, "ns/op"); got != "20 %" {
+		t.Errorf("spread = %q, want 20 %%", got)
+	}
+	if got := spread(rs[:1], "ns/op"); got != "" {
+		t.Errorf("spread of one run = %q, want none", got)
+	}
+	if got := values(rs, "x"); got != "1, 3" {
+		t.Errorf("values = %q", got)
+	}
+}
