@@ -187,7 +187,7 @@ func report() int {
 			}
 			env = append(env, s.CarbdEnv+"="+carbd)
 		}
-		targs := []string{"-test.run=^$", "-test.bench=" + s.Bench, "-test.benchmem", "-test.count=" + strconv.Itoa(*count), "-test.timeout=" + testTimeout}
+		targs := []string{"-test.run=^$", "-test.bench=" + s.Bench, "-test.benchmem", "-test.count=" + strconv.Itoa(*count)}
 		if bt != "" {
 			targs = append(targs, "-test.benchtime="+bt)
 		}
@@ -270,10 +270,6 @@ func selected(title, only string) bool {
 	}
 	return false
 }
-
-// testTimeout is go test's default -timeout, which a test binary run
-// directly does not have.
-const testTimeout = "10m"
 
 // buildTest builds pkg's test binary into bin (go vet's checks, which go
 // test runs before testing, are left to make check).
