@@ -114,8 +114,7 @@ func TestStreamWritesFinalVerdicts(t *testing.T) {
 		t.Fatalf("blocks %x, want section header, interface, secrets", types)
 	}
 	final.Store(true)
-	waitTicks(s, 5)
-	b, _ = os.ReadFile(path)
+	b = waitFrames(t, path, 2)
 	want := []string{"one|carbd: refuse #7: policy-refuse: test", "two|carbd: refuse #7: policy-refuse: test"}
 	if got := readFrames(t, b); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("frames %q, want %q", got, want)
@@ -125,9 +124,24 @@ func TestStreamWritesFinalVerdicts(t *testing.T) {
 	}
 }
 
-// waitTicks lets the stream's loop run n times.
+// waitTicks lets the stream's loop run n times (on a loaded machine,
+// perhaps fewer: only for checking that something did not happen).
 func waitTicks(s *Stream, n int) {
 	time.Sleep(time.Duration(n) * s.cfg.Tick * 3)
+}
+
+// waitFrames waits until the file at path holds n frames (or fails after
+// 10 s), and returns its content.
+func waitFrames(t *testing.T, path string, n int) []byte {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(path)
+		if len(readFrames(t, b)) >= n || time.Now().After(deadline) {
+			return b
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // A frame whose verdict never becomes final is written after Delay with
@@ -140,8 +154,7 @@ func TestStreamDelayAndClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Add(Record{Time: time.Now(), Data: frame(t, "late"), Dir: Egress})
-	waitTicks(s, 5)
-	b, _ := os.ReadFile(path)
+	b := waitFrames(t, path, 1)
 	if got := readFrames(t, b); len(got) != 1 || got[0] != "late|carbd: undecided" {
 		t.Fatalf("after the delay: %q", got)
 	}
