@@ -121,8 +121,12 @@ func quantile(v []time.Duration, q float64) time.Duration {
 // (conntrack is on for NAT whatever carbd does): without carbd (nat) and
 // with carbd (carbd-nat/nat). With carbd, the loop decides iperf3's
 // connections (opaque streams, released to their end) and the data then
-// runs on the TC fast path. Beside the rates, the ratios of CPU time per
-// byte (*-cpu; see tcxtest.IperfResult), steadier on a loaded machine.
+// runs on the TC fast path. The loop re-checks flows released to their
+// end as carbd run's does (Config.Recheck: released at the read
+// generation, which the TC program compares on every data packet; no
+// file tracer moves it here). Beside the rates, the ratios of CPU time
+// per byte (*-cpu; see tcxtest.IperfResult), steadier on a loaded
+// machine.
 func BenchmarkReleasedTCPThroughput(b *testing.B) {
 	testutil.RequireRoot(b)
 	testutil.RequireTool(b, "iperf3")
@@ -144,16 +148,34 @@ func BenchmarkReleasedTCPThroughput(b *testing.B) {
 	}
 	withCarbd := func(name string, untracked []netip.Prefix) func() tcxtest.IperfResult {
 		return func() tcxtest.IperfResult {
-			c := carbdUpRules(b, topo, releaseAll, nil, func(rc *nfrules.Config) { rc.Untracked = untracked })
+			c := carbdUpRules(b, topo, releaseAll, func(cfg *Config) { cfg.Recheck = true }, func(rc *nfrules.Config) { rc.Untracked = untracked })
 			defer c.down()
 			before, _ := c.dp.Counters()
 			r := measure()
 			after, _ := c.dp.Counters()
 			d := after.Sub(before)
 			s := c.loop.Stats()
-			b.Logf("%s: %.2f Gbit/s, %.3f ns/B; fast path %d packets, queued %d; loop: %s", name, r.Gbps, r.CPUPerByte, d[tcx.PassFast].Packets, d.Total(tcx.Queued).Packets, s.String())
+			b.Logf("%s: %.2f Gbit/s, %.3f ns/B; fast path %d packets, queued %d (read since %d); loop: %s", name, r.Gbps, r.CPUPerByte, d[tcx.PassFast].Packets, d.Total(tcx.Queued).Packets, d[tcx.QueueRead].Packets, s.String())
 			if d[tcx.PassFast].Packets == 0 {
 				b.Fatal("nothing took the fast path")
+			}
+			if d[tcx.QueueRead].Packets != 0 {
+				b.Fatalf("%d packets queued as read since their release: nothing moves the read generation here", d[tcx.QueueRead].Packets)
+			}
+			// The data stream (the flow with the most packets) is released
+			// at a read generation, so the program compared it per packet.
+			flows, err := c.dp.Flows()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var data tcx.Flow
+			for _, f := range flows {
+				if f.Packets > data.Packets {
+					data = f
+				}
+			}
+			if !data.Verdict.ReadGen {
+				b.Fatalf("the data stream %v is released without a read generation: %+v", data.Key, data.Verdict)
 			}
 			return r
 		}
