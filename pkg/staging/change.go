@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"strconv"
 	"strings"
 
 	"github.com/carbd/carbd/pkg/decide"
@@ -98,7 +99,8 @@ func (c Change) String() string {
 // Event is the change as an outgoing effect on the file channel, without
 // its content (Stager.Event adds the content): Obj and the "path" field
 // (role target) are the path relative to W. A symlink's target is a
-// second target field; a chmod carries the new mode as a control field.
+// second target field; a chmod, a new directory, a created or written
+// file carry the mode as committed as the control field "mode".
 func (c Change) Event() decide.Event {
 	ev := decide.Event{
 		Ch:   decide.ChanFile,
@@ -114,10 +116,18 @@ func (c Change) Event() decide.Event {
 	case OpSymlink:
 		ev.Fields = append(ev.Fields, decide.Field{Name: "link", Role: decide.RoleTarget, Value: c.Target})
 		ev.Content = c.Target
-	case OpChmod, OpMkdir:
-		ev.Fields = append(ev.Fields, decide.Field{Name: "mode", Role: decide.RoleControl, Value: fmt.Sprintf("%#o", uint32(c.Mode.Perm()))})
+	case OpChmod, OpMkdir, OpCreate, OpWrite:
+		// As the traced file:create and file:chmod events name it, so
+		// one policy rule matches a planted executable either way.
+		ev.Fields = append(ev.Fields, decide.Field{Name: "mode", Role: decide.RoleControl, Value: ModeString(c.Mode)})
 	}
 	return ev
+}
+
+// ModeString is a mode's permission bits as the file events show them:
+// octal with a leading 0 ("0755").
+func ModeString(m fs.FileMode) string {
+	return "0" + strconv.FormatUint(uint64(m.Perm()), 8)
 }
 
 // Refusal is a staged change Commit or Abort did not apply, and why.

@@ -1,6 +1,7 @@
 package staging
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"hash"
@@ -14,17 +15,37 @@ import (
 // Event is the change as a decide.Event with its content: for a write,
 // the bytes that differ from W's committed version, with ContentMargin
 // unchanged bytes on each side (so a value split across the edge of the
-// change is still seen whole), bounded by ContentLimit; for a created
-// file, its content from the start, bounded likewise. When the bound
-// cuts the content, a "truncated" control field says how much was shown:
-// the daemon should then scan the whole file (OpenStaged) or defer.
+// change is still seen whole); for a created file, its whole content.
+// The mode as committed is the control field "mode" (Change.Event). Each
+// user.* extended attribute whose value differs from W's entry (every
+// one, for a created file) is shown as a control field "xattr" naming it
+// followed by a content field of that name holding its value; so for a
+// chmod or setxattr of a file (no content: W's), and for a directory's
+// mkdir, chmod or setxattr (attributes only).
+//
+// The content shown is bounded by ContentLimit, and so is the sum of the
+// attribute values shown. When a bound cuts what would be shown, a
+// "truncated" control field says how much was shown: a decision on that
+// event has not seen every byte the change would commit, so the caller
+// must not release the change on it (the daemon keeps it staged and
+// reports it).
 //
 // The whole staged file is read to check it still has the scanned
 // digest, and the content shown is taken from that read; otherwise the
 // error is ErrChanged and the caller rescans.
 func (s *Stager) Event(c Change) (decide.Event, error) {
 	ev := c.Event()
-	if c.Refused != "" || (c.Op != OpCreate && c.Op != OpWrite) {
+	if c.Refused != "" {
+		return ev, nil
+	}
+	switch {
+	case c.Type == TypeDir && (c.Op == OpMkdir || c.Op == OpChmod || c.Op == OpXattr):
+		if err := s.lock(); err != nil {
+			return ev, err
+		}
+		defer s.mu.Unlock()
+		return s.dirEvent(c, ev)
+	case c.Type != TypeFile || (c.Op != OpCreate && c.Op != OpWrite && c.Op != OpXattr && c.Op != OpChmod):
 		return ev, nil
 	}
 	if err := s.lock(); err != nil {
@@ -38,13 +59,18 @@ func (s *Stager) Event(c Change) (decide.Event, error) {
 	defer unix.Close(ufd)
 	h := newDigest(TypeFile, st.Mode, xs, "")
 	size := st.Size
+	limit := int64(s.l.ContentLimit)
 	start, end := int64(0), size
-	if c.Op == OpWrite {
+	var wxs []xattr
+	if c.Op != OpCreate {
 		if wpar, name, err := parentOf(s.wfd, c.Path); err == nil {
 			wfd, err := openFile(wpar, name)
 			unix.Close(wpar)
 			if err == nil {
-				start, end, err = changedRegion(ufd, wfd, size, int64(s.l.ContentMargin))
+				wxs, err = listXattrs(wfd, userXattrs, nil)
+				if err == nil && c.Op == OpWrite {
+					start, end, err = changedRegion(ufd, wfd, size, int64(s.l.ContentMargin))
+				}
 				unix.Close(wfd)
 				if err != nil {
 					return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
@@ -52,8 +78,12 @@ func (s *Stager) Event(c Change) (decide.Event, error) {
 			}
 		}
 	}
+	sameContent := c.Op == OpXattr || c.Op == OpChmod
+	if sameContent {
+		start, end = 0, 0 // W's content
+	}
+	ev.Fields = appendXattrFields(ev.Fields, xs, wxs, limit)
 	n := end - start
-	limit := int64(s.l.ContentLimit)
 	if n > limit {
 		ev.Fields = append(ev.Fields, decide.Field{Name: "truncated", Role: decide.RoleControl,
 			Value: fmt.Sprintf("%d of %d changed bytes at offset %d", limit, n, start)})
@@ -74,10 +104,84 @@ func (s *Stager) Event(c Change) (decide.Event, error) {
 	if sum(h) != c.Digest || rw.got != n {
 		return ev, fmt.Errorf("%w: %q", ErrChanged, c.Path)
 	}
+	if sameContent {
+		return ev, nil
+	}
 	buf := rw.buf
 	ev.Content = string(buf)
 	ev.Fields = append(ev.Fields, decide.Field{Name: "data", Role: decide.RoleContent, Value: ev.Content})
 	return ev, nil
+}
+
+// dirEvent adds to a directory's event the user.* attributes that differ
+// from W's directory (every one, for a new directory), after checking
+// the staged directory still has the scanned digest.
+func (s *Stager) dirEvent(c Change, ev decide.Event) (decide.Event, error) {
+	if err := checkRel(c.Path); err != nil {
+		return ev, err
+	}
+	ufd, err := openDir(s.ufd, c.Path)
+	if err != nil {
+		return ev, fmt.Errorf("%w: %q: %v", ErrChanged, c.Path, err)
+	}
+	defer unix.Close(ufd)
+	var st unix.Stat_t
+	if err := unix.Fstat(ufd, &st); err != nil {
+		return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
+	}
+	xs, err := listXattrs(ufd, userXattrs, nil)
+	if err != nil {
+		return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
+	}
+	if sum(newDigest(TypeDir, st.Mode, xs, "")) != c.Digest {
+		return ev, fmt.Errorf("%w: %q", ErrChanged, c.Path)
+	}
+	var wxs []xattr
+	if c.Op != OpMkdir {
+		// W's directory gone or replaced: every attribute is shown (the
+		// commit reports the conflict).
+		if wfd, err := openDir(s.wfd, c.Path); err == nil {
+			wxs, err = listXattrs(wfd, userXattrs, nil)
+			unix.Close(wfd)
+			if err != nil {
+				return ev, fmt.Errorf("staging: event %q: %w", c.Path, err)
+			}
+		}
+	}
+	ev.Fields = appendXattrFields(ev.Fields, xs, wxs, int64(s.l.ContentLimit))
+	return ev, nil
+}
+
+// appendXattrFields appends to fs the user.* attributes of xs whose value
+// differs from (or is missing in) was: a control field "xattr" with the
+// name, then a content field of that name with the value, while the
+// values shown add up to at most limit bytes; past that, a "truncated"
+// control field says what was not shown.
+func appendXattrFields(fs []decide.Field, xs, was []xattr, limit int64) []decide.Field {
+	old := make(map[string][]byte, len(was))
+	for _, x := range was {
+		old[x.Name] = x.Value
+	}
+	var shown, skipped int64
+	nskipped := 0
+	for _, x := range xs {
+		if v, ok := old[x.Name]; ok && bytes.Equal(v, x.Value) {
+			continue
+		}
+		if shown+int64(len(x.Value)) > limit {
+			skipped += int64(len(x.Value))
+			nskipped++
+			continue
+		}
+		shown += int64(len(x.Value))
+		fs = append(fs, decide.Field{Name: "xattr", Role: decide.RoleControl, Value: x.Name},
+			decide.Field{Name: x.Name, Role: decide.RoleContent, Value: string(x.Value)})
+	}
+	if nskipped > 0 {
+		fs = append(fs, decide.Field{Name: "truncated", Role: decide.RoleControl,
+			Value: fmt.Sprintf("%d user.* attribute values (%d bytes) not shown: over the bound of %d bytes", nskipped, skipped, limit)})
+	}
+	return fs
 }
 
 // regionWriter keeps the bytes of the stream it is written that fall in

@@ -11,7 +11,7 @@ import (
 const (
 	DefaultMaxFileSize   = 1 << 30 // 1 GiB
 	DefaultMaxDepth      = 256
-	DefaultContentLimit  = 1 << 20 // 1 MiB
+	DefaultContentLimit  = 32 << 20 // 32 MiB
 	DefaultContentMargin = 4096
 	// maxPath is the longest relative path staging handles (PATH_MAX
 	// minus the terminating NUL). Longer staged paths are refused.
@@ -50,8 +50,11 @@ type Config struct {
 	// MaxDepth refuses staged entries nested deeper than this many
 	// directories below W; 0 means DefaultMaxDepth.
 	MaxDepth int
-	// ContentLimit bounds Event.Content of a staged write; 0 means
-	// DefaultContentLimit.
+	// ContentLimit bounds Event.Content of a staged write (and the sum
+	// of the user.* attribute values an event shows); 0 means
+	// DefaultContentLimit. A change with more to show is not shown whole
+	// (Event marks it "truncated") and is never to be released on it:
+	// the bound is what one decision may hold in memory.
 	ContentLimit int
 	// ContentMargin is how many unchanged bytes around a changed region
 	// an event's content includes; 0 means DefaultContentMargin.
