@@ -63,6 +63,7 @@ type fileChannel struct {
 	conflicted   map[string][32]byte // path -> digest of the staged change found in conflict
 	unseen       map[string]bool     // paths written with content the tracer did not see: decided from the staging layer
 	lost         map[string]bool     // staged paths found at a commit point after a loss, to decide again from the staging layer once
+	unshown      map[string][32]byte // path -> digest of a staged change too large for one event: kept staged, never decided or committed
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -86,7 +87,7 @@ type pathState struct {
 
 func openFileChannel(d *daemon) (*fileChannel, error) {
 	fc := &fileChannel{d: d, paths: map[string]*pathState{}, conflicted: map[string][32]byte{}, refusedSeen: map[string]bool{},
-		unseen: map[string]bool{}, lost: map[string]bool{}}
+		unseen: map[string]bool{}, lost: map[string]bool{}, unshown: map[string][32]byte{}}
 	fc.merged = filepath.Join(d.dir, "merged")
 	if within(d.cfg.WorkStateDir, DefaultWorkStateRoot) {
 		// Searchable by W's owner, who takes the agent's versions of
@@ -611,6 +612,12 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			// Not seen by tracing, written with content it did not
 			// see, changed since it was decided, or staged when events
 			// were lost: decide it now from the staging layer.
+			fc.mu.Lock()
+			dg, big := fc.unshown[c.Path]
+			fc.mu.Unlock()
+			if big && dg == c.Digest {
+				continue // found too large to show before: kept staged (not read again)
+			}
 			ev, err := fc.st.Event(c)
 			if err != nil {
 				// Not committed on what tracing saw: it keeps its
@@ -619,6 +626,18 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 					fc.keepUnseen(c.Path)
 				}
 				fc.d.log.Warn("staged change", "path", c.Path, "err", err)
+				continue
+			}
+			if cut, ok := fieldValueOf(&ev, "truncated"); ok {
+				// The event does not show every byte the change would
+				// commit: no decision is taken on a partial view. It
+				// stays staged (discarded when the run ends), reported.
+				fc.mu.Lock()
+				fc.unshown[c.Path] = c.Digest
+				if fc.refuseLocked(fmt.Sprintf("%s %q: not decided, kept staged: it changes more than one decision is shown (%s)", c.Op, c.Path, cut)) {
+					fc.d.log.Warn("staged change too large to decide: not committed", "path", c.Path, "shown", cut)
+				}
+				fc.mu.Unlock()
 				continue
 			}
 			fc.dropLost(c.Path)
@@ -669,6 +688,16 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 		res, err := fc.st.Abort(ctx, abort)
 		fc.finish(abort, res, err, false)
 	}
+}
+
+// fieldValueOf returns the value of ev's first field named name.
+func fieldValueOf(ev *decide.Event, name string) (string, bool) {
+	for _, f := range ev.Fields {
+		if f.Name == name {
+			return f.Value, true
+		}
+	}
+	return "", false
 }
 
 // testStage calls the in-package tests' hook at a stage of the commit
@@ -722,7 +751,7 @@ func (fc *fileChannel) lostToDecide(c staging.Change, state *pathState) bool {
 	switch c.Op {
 	case staging.OpMkdir, staging.OpRmdir, staging.OpUnlink:
 		fc.mu.Lock()
-		decided := state.ops[c.Op.EventOp()]
+		decided := state.ops[c.Op.EventOp()] && (c.Op != staging.OpMkdir || !state.ops["file:setxattr"])
 		fc.mu.Unlock()
 		if decided {
 			fc.dropLost(c.Path)
@@ -758,13 +787,15 @@ func (fc *fileChannel) noteStaged(c staging.Change) {
 // a write whose system call had not returned at the commit point's second
 // Sync has its bytes in the scan but its record after the verdicts. A
 // removal, or a new directory, whose operation was decided on the path is
-// that decision (nothing but its path to see).
+// that decision (nothing but its path to see) unless a user.* attribute
+// was set on it: the staging layer's event shows the attributes' values,
+// the traced setxattr only their names.
 func (fc *fileChannel) decidedAs(ps *pathState, c staging.Change) bool {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
 	switch c.Op {
 	case staging.OpUnlink, staging.OpRmdir, staging.OpMkdir:
-		if ps.ops[c.Op.EventOp()] {
+		if ps.ops[c.Op.EventOp()] && (c.Op != staging.OpMkdir || !ps.ops["file:setxattr"]) {
 			return true
 		}
 	}
