@@ -222,7 +222,7 @@ func (ch *child) pendingWith(t *testing.T, what string) HeldEffect {
 	waitFor(t, 30*time.Second, "an effect on "+what+" waiting for the operator", ch.out, func() bool {
 		resp, err := ch.client().Do(Request{Cmd: "held"}, nil)
 		if err != nil {
-			t.Fatalf("held: %v", err)
+			t.Fatalf("held: %v (carbd ended: %v)\n%s", err, ch.ended(), ch.out.String())
 		}
 		for _, h := range resp.Held {
 			if h.Pending && strings.Contains(h.Summary, what) {
@@ -811,5 +811,15 @@ func BenchmarkTracingSync(b *testing.B) {
 		if err := fc.syncTracing(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// ended reports whether the child has exited, with its exit status.
+func (ch *child) ended() string {
+	select {
+	case <-ch.done:
+		return fmt.Sprintf("yes, status %d", ch.code)
+	default:
+		return "no"
 	}
 }
