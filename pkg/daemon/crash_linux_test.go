@@ -689,15 +689,20 @@ echo second > second.txt
 	// Decisions do not survive a crash: the new run decides the staged
 	// changes again as it meets them, and asks the operator about the
 	// mkdir the policy defers a second time. Approved, everything the
-	// interrupted commit held is committed.
+	// interrupted commit held is committed. Recovered to the state after
+	// the commit (the kill came after done), there is nothing left to
+	// decide again: the mkdir is in W, and the run ends once holddir2 is
+	// approved.
 	ch2.tell(t, "go3")
 	hold2 := ch2.pendingWith(t, "file:mkdir holddir2 ")
 	if _, err := ch2.client().Do(Request{Cmd: "approve", ID: hold2.ID}, nil); err != nil {
 		t.Fatal(err)
 	}
-	again := ch2.pendingWith(t, "file:mkdir holddir ")
-	if _, err := ch2.client().Do(Request{Cmd: "approve", ID: again.ID}, nil); err != nil {
-		t.Fatal(err)
+	if dBefore == "" {
+		again := ch2.pendingWith(t, "file:mkdir holddir ")
+		if _, err := ch2.client().Do(Request{Cmd: "approve", ID: again.ID}, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if code := ch2.waitExit(t); code != 0 {
 		t.Fatalf("restarted carbd run exited %d\n%s", code, ch2.out.String())
