@@ -591,15 +591,21 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 	}
 	var raw ringbuf.Record
 	// Run's phases (see Config.WakeupInterval): idle, asleep until a
-	// wake-up (looking every 100 ms for losses); active, looking every
-	// interval for records submitted without a wake-up; draining, one
-	// last look once a wake-up is due again for any new record.
+	// wake-up; active, looking every interval for records submitted
+	// without a wake-up; draining, one last look once a wake-up is due
+	// again for any new record. An idle Run does not look at the loss
+	// counters on a timer: a record the ring had no room for leaves the
+	// ring full, which wakes Run, and every Sync (the daemon syncs
+	// before each decision) looks at them before it returns.
 	const (
 		idle = iota
 		active
 		draining
 	)
 	phase := idle
+	// An idle Run waits with no deadline: ctx's end wakes it.
+	stop := context.AfterFunc(ctx, func() { _ = t.rd.Flush() })
+	defer stop()
 	for n := 0; ; n++ {
 		if ctx.Err() != nil {
 			return nil
@@ -607,19 +613,21 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 		if t.hasSeeds.Load() {
 			t.applySeeds(res)
 		}
-		wait := 100 * time.Millisecond
 		switch phase {
+		case idle:
+			t.rd.SetDeadline(time.Time{}) // until a record or Close
 		case active:
 			// The reader's epoll_wait counts whole milliseconds,
 			// rounded down: without the extra one an interval of 1 ms
 			// would be a 0 ms wait, and Run would spin.
-			wait = t.cfg.WakeupInterval + time.Millisecond
+			t.rd.SetDeadline(time.Now().Add(t.cfg.WakeupInterval + time.Millisecond))
 		case draining:
-			wait = 0
+			t.rd.SetDeadline(time.Now())
 		}
-		t.rd.SetDeadline(time.Now().Add(wait))
 		err := t.rd.ReadInto(&raw)
 		switch {
+		case errors.Is(err, ringbuf.ErrFlushed):
+			continue // ctx is done: the loop's first check returns
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			// The ring is drained.
 			switch {
@@ -629,9 +637,7 @@ func (t *Tracer) Run(ctx context.Context, h Handler) error {
 			default:
 				phase = idle
 				t.files.clear()
-				if time.Since(lastCheck) >= 100*time.Millisecond {
-					checkLoss()
-				}
+				checkLoss()
 			}
 			continue
 		case errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed):
