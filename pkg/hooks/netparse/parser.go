@@ -304,6 +304,18 @@ func (p *Parser) Expire(now time.Time) *Result {
 	return res
 }
 
+// Touch restarts a TCP flow's wait for the rest of a request at now: the
+// verdict loop released a part of its body, and the client, whose window
+// the held part filled, can only now send more. Without it a part whose
+// decision took longer than PendingTimeout left the rest of the upload to
+// be decided at once as one opaque effect (and refused), however quickly
+// the client went on.
+func (p *Parser) Touch(src, dst netip.AddrPort, now time.Time) {
+	if f := p.flows[flowKey{src, dst}]; f != nil && now.After(f.progress) {
+		f.progress = now
+	}
+}
+
 // Forget drops the state of a TCP flow (the verdict loop refused it or
 // reset the connection).
 func (p *Parser) Forget(src, dst netip.AddrPort) {

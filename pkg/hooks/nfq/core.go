@@ -1300,6 +1300,7 @@ func (w *worker) settle(f *flowState) {
 	}
 	changed := false
 	var by *effect // the last effect released here (Config.Timing)
+	partReleased := false
 	for len(f.pending) > 0 && f.pending[0].verdict != 0 {
 		e := f.pending[0]
 		by = e
@@ -1320,6 +1321,8 @@ func (w *worker) settle(f *flowState) {
 			f.bodyOf = e.ev
 		case !e.part:
 			f.bodyOf = nil
+		default:
+			partReleased = true
 		}
 		changed = true
 		f.pending[0] = nil
@@ -1330,6 +1333,9 @@ func (w *worker) settle(f *flowState) {
 			w.refuseFlow(f, e.reason, true)
 			return
 		}
+	}
+	if partReleased {
+		w.parser.Touch(netip.AddrPortFrom(f.key.Src, f.key.SrcPort), netip.AddrPortFrom(f.key.Dst, f.key.DstPort), time.Now())
 	}
 	// The fast path first, so that what follows the released packets
 	// (ACKs, retransmissions) no longer needs the queue.

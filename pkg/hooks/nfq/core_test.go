@@ -802,3 +802,47 @@ func TestCoreDatagramOrder(t *testing.T) {
 		t.Fatalf("verdict order %v, want %d (other flow), %d, %d", order, other, a, b)
 	}
 }
+
+// A body part whose decision takes longer than the parser's pending
+// timeout does not make the rest of the upload one opaque effect: the
+// client, whose window the held part filled, can only send more once the
+// part is released, and the wait for the rest restarts then. (Under load
+// a real upload was refused mid-body this way: TestOffloadTCP.)
+func TestCoreSlowPartKeepsTheUpload(t *testing.T) {
+	const pt = 2 * time.Second
+	dec := newDecider(func(m Meta, ev decide.Event) Outcome {
+		if ev.Opaque {
+			return Outcome{Verdict: Refuse}
+		}
+		for _, f := range ev.Fields {
+			if f.Name == "part" && f.Value == "body" {
+				time.Sleep(2 * pt) // a slow decision of a body part
+			}
+		}
+		return Outcome{Verdict: Release}
+	})
+	h := newHarness(t, dec, func(c *Config) {
+		c.HoldTimeout = 30 * time.Second
+		c.Parser.PendingTimeout = pt
+		c.PartAfter = 50 * time.Millisecond
+		c.PartHoldBack = 100
+	})
+	c := h.dial(cli4, srv4, 40012, 80)
+	body := strings.Repeat("b", 3000)
+	head := fmt.Sprintf("POST /up HTTP/1.1\r\nHost: a.test\r\nContent-Length: %d\r\n\r\n", len(body))
+	p1 := c.write(head + body[:1000])
+	p2 := c.write(body[1000:2000])
+	h.want(p1, true) // the head, then the first part, decided slowly
+	// The client's next bytes come a round trip after the release (its
+	// window reopens), several of the loop's ticks later, well within
+	// the pending timeout.
+	time.Sleep(pt / 8)
+	p3 := c.write(body[2000:])
+	h.want(p2, true)
+	h.want(p3, true)
+	for _, ev := range dec.events() {
+		if ev.Opaque {
+			t.Fatalf("the rest of the upload was decided as an opaque effect: %+v", ev)
+		}
+	}
+}
