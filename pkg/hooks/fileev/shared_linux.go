@@ -15,6 +15,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/internal/bpffs"
 )
 
 // DefaultPinDir is where the host's one file tracer is pinned
@@ -50,39 +52,6 @@ func hostTag(obj []byte, mech string) string {
 type shared struct {
 	base, dir string
 	lock      *os.File // slot-N, flocked for the Tracer's life
-}
-
-// ensurePinBase makes dir on a bpf filesystem, mounting /sys/fs/bpf when
-// dir lies below it and nothing is mounted there.
-func ensurePinBase(dir string) error {
-	p := filepath.Clean(dir)
-	for {
-		if _, err := os.Stat(p); err == nil {
-			break
-		}
-		parent := filepath.Dir(p)
-		if parent == p {
-			break
-		}
-		p = parent
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(p, &st); err != nil {
-		return fmt.Errorf("statfs %s: %w", p, err)
-	}
-	if st.Type != unix.BPF_FS_MAGIC {
-		const def = "/sys/fs/bpf"
-		if p != def || !strings.HasPrefix(filepath.Clean(dir)+"/", def+"/") {
-			return fmt.Errorf("pin dir %s is not on a bpf filesystem (mount -t bpf bpf DIR)", dir)
-		}
-		if err := unix.Mount("bpf", def, "bpf", 0, "mode=0700"); err != nil && !errors.Is(err, unix.EBUSY) {
-			return fmt.Errorf("mount bpffs on %s: %w", def, err)
-		}
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("make pin dir: %w", err)
-	}
-	return nil
 }
 
 // lockDir opens dir and takes its flock (exclusive; nonblocking if nb).
@@ -252,7 +221,7 @@ type sharedConfig struct {
 // whose owner is gone are reclaimed on the way; so are the tracers of
 // other builds that no live carbd uses.
 func openShared(sc sharedConfig) (h *host, s *slot, sh *shared, note string, err error) {
-	if err := ensurePinBase(sc.base); err != nil {
+	if err := bpffs.Ensure(sc.base); err != nil {
 		return nil, nil, nil, "", err
 	}
 	baseLock, _, err := lockDir(sc.base, false)

@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/carbd/carbd/internal/bpffs"
 	"github.com/carbd/carbd/internal/testutil"
 )
 
@@ -302,7 +303,7 @@ func cgroupTraced(t *testing.T, h *host, id uint64) bool {
 func TestSharedOtherBuild(t *testing.T) {
 	testutil.RequireRoot(t)
 	pins := testPinDir(t)
-	if err := ensurePinBase(pins); err != nil {
+	if err := bpffs.Ensure(pins); err != nil {
 		t.Fatal(err)
 	}
 	other := filepath.Join(pins, "tp_btf-0123456789abcdef")

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	carbdbpf "github.com/carbd/carbd/bpf"
+	"github.com/carbd/carbd/internal/bpffs"
 )
 
 // DefaultPinDir is where datapaths are pinned, one directory per sandbox.
@@ -212,7 +213,7 @@ func Attach(cfg Config) (_ *Datapath, err error) {
 	if _, err := os.Stat(dir); err == nil {
 		return nil, fmt.Errorf("%w: %s", ErrExists, dir)
 	}
-	if err := ensureBPFFS(filepath.Dir(dir)); err != nil {
+	if err := bpffs.Ensure(filepath.Dir(dir)); err != nil {
 		return nil, fmt.Errorf("tcx: %w", err)
 	}
 	ifindex, err := resolveIfindex(cfg)

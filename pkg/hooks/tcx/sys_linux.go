@@ -2,10 +2,6 @@ package tcx
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -58,43 +54,6 @@ func resolveIfindex(cfg Config) (int, error) {
 		return 0, fmt.Errorf("interface %s has index %d, not %d", cfg.Ifname, l.Attrs().Index, cfg.Ifindex)
 	}
 	return l.Attrs().Index, nil
-}
-
-var mountMu sync.Mutex
-
-// ensureBPFFS makes dir, which must lie on a bpf filesystem. When the
-// default /sys/fs/bpf is not mounted, it mounts it.
-func ensureBPFFS(dir string) error {
-	mountMu.Lock()
-	defer mountMu.Unlock()
-	p := filepath.Clean(dir)
-	for {
-		if _, err := os.Stat(p); err == nil {
-			break
-		}
-		parent := filepath.Dir(p)
-		if parent == p {
-			break
-		}
-		p = parent
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(p, &st); err != nil {
-		return fmt.Errorf("statfs %s: %w", p, err)
-	}
-	if st.Type != unix.BPF_FS_MAGIC {
-		const def = "/sys/fs/bpf"
-		if p != def || !strings.HasPrefix(filepath.Clean(dir)+"/", def+"/") {
-			return fmt.Errorf("pin dir %s is not on a bpf filesystem (mount -t bpf bpf DIR)", dir)
-		}
-		if err := unix.Mount("bpf", def, "bpf", 0, "mode=0700"); err != nil {
-			return fmt.Errorf("mount bpffs on %s: %w", def, err)
-		}
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("make pin dir: %w", err)
-	}
-	return nil
 }
 
 // monotonicNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
