@@ -64,6 +64,7 @@ type fileChannel struct {
 	unseen       map[string]bool     // paths written with content the tracer did not see: decided from the staging layer
 	lost         map[string]bool     // staged paths found at a commit point after a loss, to decide again from the staging layer once
 	unshown      map[string][32]byte // path -> digest of a staged change too large for one event: kept staged, never decided or committed
+	images       fileImages          // files' content as their decided writes produced it (fileimage.go)
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -300,6 +301,7 @@ func unseenWrite(r *fileev.Record) (string, bool) {
 func (fc *fileChannel) noteUnseen(r *fileev.Record) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
+	fc.images.note(r)
 	if p, ok := unseenWrite(r); ok {
 		fc.unseen[p] = true
 		return
@@ -641,6 +643,13 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 				continue
 			}
 			fc.dropLost(c.Path)
+			// A created file holding exactly what its decided writes
+			// produced keeps the label they gave it; anything else is
+			// labelled with what the agent has read by now.
+			fc.mu.Lock()
+			proved := fc.images.proved(c, ev.Content)
+			fc.mu.Unlock()
+			ev.WrittenAsDecided = proved && singleLink(fc.st.Layout().Upper, c.Path)
 			fc.propose(ctx, ev)
 			fc.noteStaged(c)
 			state = fc.state(c.Path)

@@ -516,7 +516,14 @@ func (e *Engine) labelWritesLocked(d *Decision, into map[string]Label) {
 		}
 		return e.readLabel
 	}
-	into[ev.Obj] = label(ev.Obj)
+	if l, ok := e.locationLabel(ev.Obj); ok && ev.WrittenAsDecided {
+		// The content is what the location's decided writes produced:
+		// the label they gave it (joined with what it held before)
+		// covers it.
+		into[ev.Obj] = l
+	} else {
+		into[ev.Obj] = label(ev.Obj)
+	}
 	for _, f := range ev.Fields {
 		if f.Role == RoleTarget && f.Value != "" && f.Value != ev.Obj {
 			into[f.Value] = label(f.Value)

@@ -210,6 +210,13 @@ type Event struct {
 	// (TLS without interception, an unknown protocol): it is treated as
 	// possibly carrying every sensitive value read so far.
 	Opaque bool `json:"opaque,omitempty"`
+	// WrittenAsDecided marks a file effect whose content the hook proved
+	// to be exactly what the earlier decided writes to Obj produced (the
+	// file channel's image of a file created or emptied in this run): Obj
+	// is labelled with the label those decisions gave the location, not
+	// joined with what the agent has read since. Without a label for Obj
+	// it is labelled with the read label, as any write.
+	WrittenAsDecided bool `json:"written_as_decided,omitempty"`
 }
 
 // Origin is how an incoming event is named in provenance statements.
