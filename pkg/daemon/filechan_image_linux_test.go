@@ -58,6 +58,9 @@ elif MODE == "append":
     write(REPORT[:half])
     read_key()
     write(REPORT[half:], os.O_WRONLY | os.O_APPEND)
+elif MODE == "big":
+    write(REPORT + b"x" * (1 << 20))
+    read_key()
 elif MODE == "mmap":
     fd = os.open("report.md", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     os.ftruncate(fd, len(REPORT))
@@ -70,7 +73,7 @@ say("ready")
 if not sys.stdin.readline():
     sys.exit(3)
 with open("report.md", "rb") as f:
-    body = f.read()
+    body = f.read(len(REPORT))
 try:
     r = urllib.request.urlopen(urllib.request.Request("http://api.example.com/reports", data=body, method="POST"), timeout=8)
     say("post=%d" % r.status)
@@ -137,6 +140,20 @@ func TestImageMmapUnproved(t *testing.T) {
 	}
 	if proved(sum, false) {
 		t.Errorf("report.md stored through a mapping was marked as written as decided")
+	}
+}
+
+// TestImageLargeWriteUnproved: report.md written before the key was
+// read in one write larger than the tracer captures: its content cannot
+// be proved, it is labelled with what the agent had read at the commit
+// point: not posted.
+func TestImageLargeWriteUnproved(t *testing.T) {
+	sum, w, out := runImage(t, "big")
+	if posted(w) {
+		t.Errorf("report.md, written past the capture, was posted\n%s", out)
+	}
+	if proved(sum, false) {
+		t.Errorf("report.md written past the capture was marked as written as decided")
 	}
 }
 
