@@ -647,9 +647,9 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			// produced keeps the label they gave it; anything else is
 			// labelled with what the agent has read by now.
 			fc.mu.Lock()
-			proved := fc.images.proved(c, ev.Content)
+			img, ok := fc.images.imageOf(c)
 			fc.mu.Unlock()
-			ev.WrittenAsDecided = proved && singleLink(fc.st.Layout().Upper, c.Path)
+			ev.WrittenAsDecided = ok && holdsExactly(fc.st, c, img)
 			fc.propose(ctx, ev)
 			fc.noteStaged(c)
 			state = fc.state(c.Path)

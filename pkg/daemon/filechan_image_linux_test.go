@@ -48,7 +48,7 @@ def read_key():
     with open("certs/service.pem", "rb") as f:
         f.read()
 half = len(REPORT) // 2
-if MODE == "before":
+if MODE in ("before", "existing"):
     write(REPORT)
     read_key()
 elif MODE == "after":
@@ -103,6 +103,20 @@ func TestImageWrittenBeforeSecret(t *testing.T) {
 	sum, w, out := runImage(t, "before")
 	if !posted(w) {
 		t.Errorf("report.md, written before the key was read, was not posted: the world saw %q\n%s", w.requests(), out)
+	}
+	if !proved(sum, true) {
+		t.Errorf("report.md's staging decision was not marked as written as decided: released %+v", sum.Released)
+	}
+}
+
+// TestImageRewrittenBeforeSecret: the same with report.md a file of the
+// working directory, emptied and rewritten (a written file: its event
+// shows only the changed region; the whole staged file is read against
+// the image): posted.
+func TestImageRewrittenBeforeSecret(t *testing.T) {
+	sum, w, out := runImage(t, "existing")
+	if !posted(w) {
+		t.Errorf("report.md, rewritten before the key was read, was not posted: the world saw %q\n%s", w.requests(), out)
 	}
 	if !proved(sum, true) {
 		t.Errorf("report.md's staging decision was not marked as written as decided: released %+v", sum.Released)
@@ -193,6 +207,11 @@ func runImage(t *testing.T, mode string) (*Summary, *world, string) {
 	}
 	if err := os.WriteFile(filepath.Join(work, "certs", "service.pem"), []byte("-----BEGIN PRIVATE KEY-----\n"+imageSecret+"\n-----END PRIVATE KEY-----\n"), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	if mode == "existing" {
+		if err := os.WriteFile(filepath.Join(work, "report.md"), []byte("last week's report\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	testutil.Run(t, "chown", "-R", fmt.Sprint(sandboxUID), work)
 	pol, err := decide.ParsePolicy("image.yaml", []byte(imagePolicy))

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"bytes"
+	"io"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -165,16 +167,39 @@ func keysUnder[V any](m map[string]V, path string) []string {
 	return out
 }
 
-// proved reports whether the staged change c, whose staging-layer event
-// shows content (checked against c's digest by Stager.Event), holds
-// exactly path's image: a created file, shown whole, with that content
-// and one link. fc.mu is held.
-func (fi *fileImages) proved(c staging.Change, content string) bool {
-	if fi.off || c.Op != staging.OpCreate || c.Type != staging.TypeFile || fi.bad[c.Path] {
-		return false
+// imageOf returns a copy of the image of the staged change c's path,
+// if it has one of c's size: a created or written file. fc.mu is held.
+func (fi *fileImages) imageOf(c staging.Change) ([]byte, bool) {
+	if fi.off || c.Type != staging.TypeFile || (c.Op != staging.OpCreate && c.Op != staging.OpWrite) || fi.bad[c.Path] {
+		return nil, false
 	}
 	b, ok := fi.img[c.Path]
-	return ok && int64(len(b)) == c.Size && string(b) == content
+	if !ok || int64(len(b)) != c.Size {
+		return nil, false
+	}
+	return bytes.Clone(b), true
+}
+
+// holdsExactly reports whether the staged change c holds img, whole:
+// its staged file, read to the end with the scanned digest checked
+// (Stager.OpenStaged: the entry the staging decision saw), is img, and
+// it has one link (no other name can change its content).
+func holdsExactly(st *staging.Stager, c staging.Change, img []byte) bool {
+	if !singleLink(st.Layout().Upper, c.Path) {
+		return false
+	}
+	r, err := st.OpenStaged(c)
+	if err != nil {
+		return false
+	}
+	defer r.Close()
+	got, err := io.ReadAll(io.LimitReader(r, int64(len(img))+1))
+	if err != nil || !bytes.Equal(got, img) {
+		return false
+	}
+	// At the end: the reader checks the digest there.
+	_, err = r.Read(make([]byte, 1))
+	return err == io.EOF
 }
 
 // singleLink reports whether the staged file at rel below the upper

@@ -67,14 +67,13 @@ func TestFileImages(t *testing.T) {
 				fi.note(r)
 			}
 			c := staging.Change{Op: staging.OpCreate, Path: "a", Type: staging.TypeFile, Size: int64(len(tc.content))}
-			if got := fi.proved(c, tc.content); got != tc.want {
+			img, ok := fi.imageOf(c)
+			if got := ok && string(img) == tc.content; got != tc.want {
 				t.Errorf("proved %v, want %v", got, tc.want)
 			}
-			if tc.want {
-				c.Op = staging.OpWrite // a file of W: its event shows a region
-				if fi.proved(c, tc.content) {
-					t.Errorf("a written file of W was proved")
-				}
+			c.Op = staging.OpChmod // no content of its own
+			if _, ok := fi.imageOf(c); ok {
+				t.Errorf("a chmod has an image")
 			}
 		})
 	}
