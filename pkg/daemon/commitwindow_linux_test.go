@@ -253,13 +253,8 @@ func runWindow(t *testing.T, second string) (*Summary, string) {
 	defer stop.Stop()
 	sum, err := Run(ctx, cfg)
 	p.openGate()
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
 	log := out.String()
-	if ctx.Err() != nil {
-		t.Fatalf("the run did not end before its deadline\n%s", log)
-	}
+	runEnded(t, ctx, err, log)
 	if sum.ExitCode != 0 {
 		t.Fatalf("the agent exited %d\n%s", sum.ExitCode, log)
 	}

@@ -140,6 +140,18 @@ func runSandbox(t *testing.T, w *world, work, task, script string) (*Summary, st
 	return sum, out.String()
 }
 
+// runEnded fails the test unless Run returned without error before ctx's
+// deadline; log is the run's output.
+func runEnded(t *testing.T, ctx context.Context, err error, log string) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, log)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the run did not end before its deadline\n%s", log)
+	}
+}
+
 // The main job end to end: a released request reaches the world, a
 // refused one never does, released writes are committed, and the secret
 // read from the working directory cannot leave.

@@ -214,12 +214,7 @@ func runMmapHeld(t *testing.T, first, second string) (*Summary, string, int) {
 	close(stopOp)
 	<-opDone
 	log := out.String()
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, log)
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("the run did not end before its deadline\n%s", log)
-	}
+	runEnded(t, ctx, err, log)
 	if e := probeErr.Load(); e != nil {
 		t.Fatalf("not tested: %s\n%s", *e, log)
 	}
@@ -478,12 +473,7 @@ func runRace(t *testing.T, second string) (*Summary, string) {
 	defer stop.Stop()
 	sum, err := Run(ctx, cfg)
 	log := out.String()
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, log)
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("the run did not end before its deadline\n%s", log)
-	}
+	runEnded(t, ctx, err, log)
 	if sum.ExitCode != 0 {
 		t.Fatalf("the agent exited %d\n%s", sum.ExitCode, log)
 	}
@@ -584,12 +574,7 @@ func TestMmapStoreDuringCommit(t *testing.T) {
 	cfg.hooks = &testHooks{started: func(d *daemon) { dp.Store(d) }, commitStage: commitStage}
 	sum, err := Run(ctx, cfg)
 	log := out.String()
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, log)
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("the run did not end before its deadline\n%s", log)
-	}
+	runEnded(t, ctx, err, log)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(errs) > 0 || !stored.Load() {

@@ -81,22 +81,6 @@ except Exception as e:
     say("post=error %s" % e)
 `
 
-const imagePolicy = `
-version: 1
-levels: [public, secret]
-trusted:
-  task: true
-sensitive:
-  - {name: keys, level: secret, paths: ["certs/**"]}
-parties:
-  - {name: api, hosts: ["api.example.com"], clearance: public}
-operations:
-  - {ops: ["http:GET", "http:HEAD", "dns:query"], kind: blocking}
-  - {ops: ["http:*"], kind: stallable}
-  - {ops: ["file:*"], kind: stageable, gate: []}
-defaults: {kind: blocking, gate: [target, credential, command]}
-`
-
 // TestImageWrittenBeforeSecret: report.md, written before the key was
 // read and committed after, is posted (released).
 func TestImageWrittenBeforeSecret(t *testing.T) {
@@ -214,7 +198,7 @@ func runImage(t *testing.T, mode string) (*Summary, *world, string) {
 		}
 	}
 	testutil.Run(t, "chown", "-R", fmt.Sprint(sandboxUID), work)
-	pol, err := decide.ParsePolicy("image.yaml", []byte(imagePolicy))
+	pol, err := decide.ParsePolicy("image.yaml", []byte(e2ePolicy))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,12 +79,7 @@ func TestLossDecidedFromStaging(t *testing.T) {
 		Workdir: work, Task: "Write the files", Argv: []string{"/usr/bin/python3", "-c", script}, UID: sandboxUID, GID: sandboxUID,
 		HoldTimeout: 3 * time.Second, FileRingBytes: os.Getpagesize(), Stdout: &out, Stderr: &out,
 		Log: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("the run did not end before its deadline\n%s", out.String())
-	}
+	runEnded(t, ctx, err, out.String())
 	if sum.ExitCode != 0 {
 		t.Fatalf("the agent exited %d\n%s", sum.ExitCode, out.String())
 	}
@@ -239,12 +234,7 @@ func TestLossWhileHeld(t *testing.T) {
 		Log: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	close(stopOp)
 	<-opDone
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("the run did not end before its deadline\n%s", out.String())
-	}
+	runEnded(t, ctx, err, out.String())
 	log := out.String()
 	if sum.ExitCode != 0 {
 		t.Fatalf("the agent exited %d\n%s", sum.ExitCode, log)
