@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/carbd/carbd/internal/benchstat"
 )
 
 // suite is one `go test -bench` invocation.
@@ -95,8 +97,7 @@ func median(rs []result) result {
 				vs = append(vs, v)
 			}
 		}
-		sort.Float64s(vs)
-		out[k] = vs[len(vs)/2]
+		out[k] = benchstat.Median(vs)
 	}
 	return out
 }

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/carbd/carbd/internal/benchstat"
 	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/daemon"
@@ -482,13 +482,6 @@ func (f *fleet) isolation(from, to time.Time) (violations []string, decisions in
 	return violations, decisions
 }
 
-func percentile(ds []time.Duration, p float64) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := int(p*float64(len(s)-1) + 0.5)
-	return s[i]
-}
-
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
@@ -641,7 +634,7 @@ func scenario(b *testing.B, n, held int, bin, policyPath, dir string, served *at
 		hi := mN.sub(mHalf).div(float64(len(half)))
 		lo := mHalf.sub(m0).div(float64(len(keep)))
 		perFlow := mHeld.sub(mHalf).div(float64(want))
-		p50, p99 := percentile(lat, 0.5), percentile(lat, 0.99)
+		p50, p99 := benchstat.Median(lat), benchstat.Quantile(lat, 0.99)
 		rate := float64(decisions) / last.Sub(first).Seconds()
 		b.ReportMetric(float64(p50.Microseconds())/1000, "start-p50-ms")
 		b.ReportMetric(float64(p99.Microseconds())/1000, "start-p99-ms")
@@ -657,7 +650,7 @@ func scenario(b *testing.B, n, held int, bin, policyPath, dir string, served *at
 		b.ReportMetric((perFlow.carbd+perFlow.kernel)*1024, "B/held-flow")
 		b.ReportMetric(float64(len(violations)+len(unbound)), "isolation-violations")
 		b.Logf("%d sandboxes started at once: start-to-exec p50 %v p99 %v (min %v max %v); %d decisions in %v across all: %.0f/s; world served %d requests",
-			n, p50, p99, percentile(lat, 0), percentile(lat, 1), decisions, last.Sub(first).Round(time.Millisecond), rate, served.Load()-servedBefore)
+			n, p50, p99, benchstat.Quantile(lat, 0), benchstat.Quantile(lat, 1), decisions, last.Sub(first).Round(time.Millisecond), rate, served.Load()-servedBefore)
 		b.Logf("memory per idle sandbox (KiB), from %d to %d sandboxes: carbd %.0f, sandbox processes %.0f, kernel %.0f, total %.0f (system-wide used %.0f); from 0 to %d: carbd %.0f, sandbox processes %.0f, kernel %.0f, total %.0f (used %.0f); linearity %.2f",
 			len(keep), n, hi.carbd, hi.sandbox, hi.kernel, hi.total(), hi.used, len(keep), lo.carbd, lo.sandbox, lo.kernel, lo.total(), lo.used, hi.total()/lo.total())
 		b.Logf("memory per held flow (%d flows in %d sandboxes): carbd %.0f B, kernel %.0f B (its client, a curl process: %.0f B; system-wide used %.0f B)",

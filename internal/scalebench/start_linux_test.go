@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carbd/carbd/internal/benchstat"
 	"github.com/carbd/carbd/internal/testutil"
 )
 
@@ -58,19 +59,19 @@ func BenchmarkStartToExec(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		p50 := percentile(exec[0], 0.5)
+		p50 := benchstat.Median(exec[0])
 		b.ReportMetric(float64(p50.Microseconds())/1000, "start-p50-ms")
-		b.ReportMetric(float64(percentile(exec[0], 0.9).Microseconds())/1000, "start-p90-ms")
-		b.ReportMetric(float64(percentile(whole[0], 0.5).Microseconds())/1000, "run-p50-ms")
+		b.ReportMetric(float64(benchstat.Quantile(exec[0], 0.9).Microseconds())/1000, "start-p90-ms")
+		b.ReportMetric(float64(benchstat.Median(whole[0]).Microseconds())/1000, "run-p50-ms")
 		b.Logf("%d starts, one at a time: start-to-exec p50 %v p90 %v (min %v max %v); start to exit p50 %v",
-			n, p50, percentile(exec[0], 0.9), percentile(exec[0], 0), percentile(exec[0], 1), percentile(whole[0], 0.5))
+			n, p50, benchstat.Quantile(exec[0], 0.9), benchstat.Quantile(exec[0], 0), benchstat.Quantile(exec[0], 1), benchstat.Median(whole[0]))
 		if len(bins) > 1 {
-			bp50 := percentile(exec[1], 0.5)
+			bp50 := benchstat.Median(exec[1])
 			b.ReportMetric(float64(bp50.Microseconds())/1000, "base-start-p50-ms")
-			b.ReportMetric(float64(percentile(whole[1], 0.5).Microseconds())/1000, "base-run-p50-ms")
+			b.ReportMetric(float64(benchstat.Median(whole[1]).Microseconds())/1000, "base-run-p50-ms")
 			b.ReportMetric(float64(p50)/float64(bp50), "start/base")
 			b.Logf("base %s, in turn: start-to-exec p50 %v p90 %v (min %v max %v); start to exit p50 %v",
-				bins[1], bp50, percentile(exec[1], 0.9), percentile(exec[1], 0), percentile(exec[1], 1), percentile(whole[1], 0.5))
+				bins[1], bp50, benchstat.Quantile(exec[1], 0.9), benchstat.Quantile(exec[1], 0), benchstat.Quantile(exec[1], 1), benchstat.Median(whole[1]))
 		}
 		b.StartTimer()
 	}

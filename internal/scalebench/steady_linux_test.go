@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/carbd/carbd/internal/benchstat"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/sandbox/netns"
 )
@@ -117,7 +118,7 @@ func steady(b *testing.B, n int, bin, policyPath, dir string, served *atomic.Int
 		violations, _ := f.isolation(time.Time{}, time.Time{})
 		b.StopTimer()
 
-		p50, p90 := percentile(lat, 0.5), percentile(lat, 0.9)
+		p50, p90 := benchstat.Median(lat), benchstat.Quantile(lat, 0.9)
 		last := lat[len(lat)-1]
 		// The last tenth of the starts (at least one): those made with
 		// the most sandboxes running.
@@ -126,13 +127,13 @@ func steady(b *testing.B, n int, bin, policyPath, dir string, served *atomic.Int
 		b.ReportMetric(float64(p90.Microseconds())/1000, "start-p90-ms")
 		b.ReportMetric(float64(lat[0].Microseconds())/1000, "first-start-ms")
 		b.ReportMetric(float64(last.Microseconds())/1000, "last-start-ms")
-		b.ReportMetric(float64(percentile(tail, 0.5).Microseconds())/1000, "last-tenth-p50-ms")
+		b.ReportMetric(float64(benchstat.Median(tail).Microseconds())/1000, "last-tenth-p50-ms")
 		b.ReportMetric(sys0, "syscall-ns-0")
 		b.ReportMetric(sysN, "syscall-ns-all")
 		b.ReportMetric(float64(idle.Microseconds())/1000/float64(n), "idle-cpu-ms/s/sandbox")
 		b.ReportMetric(float64(len(violations)+len(unbound)), "isolation-violations")
 		b.Logf("%d sandboxes started one after another, each with the earlier ones running: start-to-exec p50 %v p90 %v (first %v, last %v, last tenth p50 %v); a system call on the host %.0f ns of CPU before, %.0f ns with all %d running; idle, the %d carbd use %v of CPU a second; world served %d requests",
-			n, p50, p90, lat[0], last, percentile(tail, 0.5), sys0, sysN, n, n, idle.Round(time.Millisecond), served.Load())
+			n, p50, p90, lat[0], last, benchstat.Median(tail), sys0, sysN, n, n, idle.Round(time.Millisecond), served.Load())
 		for _, v := range violations {
 			b.Errorf("isolation: %s", v)
 		}

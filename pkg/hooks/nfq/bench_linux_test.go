@@ -12,13 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/carbd/carbd/internal/benchstat"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/nfrules"
@@ -99,18 +99,6 @@ func carbdUpRules(tb testing.TB, topo *tcxtest.Topology, dec Decider, mod func(*
 }
 
 var releaseAll = DeciderFunc(func(context.Context, Meta, decide.Event) Outcome { return Outcome{Verdict: Release} })
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
-func quantile(v []time.Duration, q float64) time.Duration {
-	s := append([]time.Duration(nil), v...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[min(len(s)-1, int(q*float64(len(s))))]
-}
 
 // BenchmarkReleasedTCPThroughput: iperf3 from the guest to the world
 // through the router, each path against its own baseline from the same
@@ -224,7 +212,7 @@ func BenchmarkReleasedTCPThroughput(b *testing.B) {
 	b.Logf("CPU ns/B per round: %v", cpu)
 	m, mc := map[string]float64{}, map[string]float64{}
 	for _, v := range variants {
-		m[v.name], mc[v.name] = median(rate[v.name]), median(cpu[v.name])
+		m[v.name], mc[v.name] = benchstat.Median(rate[v.name]), benchstat.Median(cpu[v.name])
 		b.ReportMetric(m[v.name], v.name+"-Gbit/s")
 	}
 	for _, r := range []struct{ of, base string }{{"carbd", "baseline"}, {"tracked", "baseline"}, {"carbd-nat", "nat"}} {
@@ -353,9 +341,9 @@ func BenchmarkFirstPacketLatency(b *testing.B) {
 		b.Fatalf("the loop released %d requests, want %d", got, len(carbd))
 	}
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	b50, b99 := quantile(base, .5), quantile(base, .99)
-	w50, w99 := quantile(carbd, .5), quantile(carbd, .99)
-	h50, h99 := quantile(before, .5), quantile(before, .99)
+	b50, b99 := benchstat.Median(base), benchstat.Quantile(base, .99)
+	w50, w99 := benchstat.Median(carbd), benchstat.Quantile(carbd, .99)
+	h50, h99 := benchstat.Median(before), benchstat.Quantile(before, .99)
 	b.ReportMetric(us(b50), "base-p50-µs")
 	b.ReportMetric(us(b99), "base-p99-µs")
 	b.ReportMetric(us(w50), "carbd-p50-µs")
@@ -410,7 +398,7 @@ func BenchmarkDecisionsPerSecond(b *testing.B) {
 			rate = append(rate, float64(s.Released)/el.Seconds())
 			b.Logf("%d flows, %d decided in %v, %d arrived", n, s.Released, el, got.Load())
 		}
-		b.ReportMetric(median(rate), "decisions/s")
+		b.ReportMetric(benchstat.Median(rate), "decisions/s")
 	})
 	b.Run("http", func(b *testing.B) {
 		addr := netip.AddrPortFrom(topo.World4, 8201)
@@ -432,7 +420,7 @@ func BenchmarkDecisionsPerSecond(b *testing.B) {
 			rate = append(rate, float64(s.Released)/el.Seconds())
 			b.Logf("%d requests decided in %v (%d packets queued)", s.Released, el, s.Received)
 		}
-		b.ReportMetric(median(rate), "requests/s")
+		b.ReportMetric(benchstat.Median(rate), "requests/s")
 	})
 }
 
@@ -551,7 +539,7 @@ func BenchmarkBurstReadBuffer(b *testing.B) {
 				b.Logf("buffer %d (kernel: %d): received %d, socket drops %d, queue drops %d, overrun errors %d",
 					size, s.ReadBuffer, s.Received, s.Kernel.UserDropped, s.Kernel.Dropped, s.RecvOverruns)
 			}
-			b.ReportMetric(median(lost), "lost")
+			b.ReportMetric(benchstat.Median(lost), "lost")
 			b.ReportMetric(float64(eff>>10), "kernel-KiB")
 		})
 	}
@@ -581,7 +569,7 @@ func BenchmarkLargeUpload(b *testing.B) {
 				times = append(times, float64(time.Since(t0).Microseconds())/1e3)
 			}
 			s := c.loop.Stats()
-			b.ReportMetric(median(times), "ms/upload")
+			b.ReportMetric(benchstat.Median(times), "ms/upload")
 			b.ReportMetric(float64(s.Received)/float64(len(times)), "queued-pkts/upload")
 			b.ReportMetric(float64(s.Released)/float64(len(times)), "decisions/upload")
 			b.Logf("%s", s.String())

@@ -2,10 +2,10 @@ package nfq
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
 
+	"github.com/carbd/carbd/internal/benchstat"
 	"github.com/carbd/carbd/pkg/decide"
 )
 
@@ -57,14 +57,6 @@ func BenchmarkCoreRequest(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(quantileD(lat, .5).Nanoseconds())/1e3, "p50-µs")
-	b.ReportMetric(float64(quantileD(lat, .99).Nanoseconds())/1e3, "p99-µs")
+	b.ReportMetric(float64(benchstat.Median(lat).Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(benchstat.Quantile(lat, .99).Nanoseconds())/1e3, "p99-µs")
 }
-
-func quantileD(v []time.Duration, q float64) time.Duration {
-	s := append([]time.Duration(nil), v...)
-	sortDurations(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
-}
-
-func sortDurations(s []time.Duration) { slices.Sort(s) }

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/carbd/carbd/internal/benchstat"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/tcx/tcxtest"
@@ -237,7 +238,7 @@ func BenchmarkFirstPacketHops(b *testing.B) {
 		fmt.Fprintf(&tab, "| %s |", name)
 		for _, v := range vs {
 			if d := v.hops[h]; len(d) > 0 {
-				fmt.Fprintf(&tab, " %.1f / %.1f |", us(quantile(d, .5)), us(quantile(d, .99)))
+				fmt.Fprintf(&tab, " %.1f / %.1f |", us(benchstat.Median(d)), us(benchstat.Quantile(d, .99)))
 			} else {
 				tab.WriteString(" |")
 			}
@@ -264,8 +265,8 @@ func BenchmarkFirstPacketHops(b *testing.B) {
 	b.Log("\n" + tab.String())
 	base := vs[0].hops[0]
 	for _, v := range vs[1:] {
-		b.ReportMetric(us(quantile(v.hops[0], .5)-quantile(base, .5)), v.name+"-added-p50-µs")
-		b.ReportMetric(us(quantile(v.hops[0], .99)-quantile(base, .99)), v.name+"-added-p99-µs")
+		b.ReportMetric(us(benchstat.Median(v.hops[0])-benchstat.Median(base)), v.name+"-added-p50-µs")
+		b.ReportMetric(us(benchstat.Quantile(v.hops[0], .99)-benchstat.Quantile(base, .99)), v.name+"-added-p99-µs")
 	}
 }
 

@@ -3,13 +3,13 @@ package tcx
 import (
 	"encoding/binary"
 	"net/netip"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	nfqueue "github.com/florianl/go-nfqueue/v2"
 
+	"github.com/carbd/carbd/internal/benchstat"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/hooks/nfrules"
 	"github.com/carbd/carbd/pkg/hooks/tcx/tcxtest"
@@ -213,7 +213,7 @@ func BenchmarkReleasedTCPThroughput(b *testing.B) {
 	b.Logf("CPU ns/B per round: %v", cpu)
 	m, mc := map[string]float64{}, map[string]float64{}
 	for _, v := range variants {
-		m[v.name], mc[v.name] = median(rate[v.name]), median(cpu[v.name])
+		m[v.name], mc[v.name] = benchstat.Median(rate[v.name]), benchstat.Median(cpu[v.name])
 		b.ReportMetric(m[v.name], v.name+"-Gbit/s")
 	}
 	for _, r := range []struct{ name, of, base string }{
@@ -225,10 +225,4 @@ func BenchmarkReleasedTCPThroughput(b *testing.B) {
 		b.ReportMetric(m[r.of]/m[r.base], r.name)
 		b.ReportMetric(mc[r.of]/mc[r.base], strings.TrimSuffix(r.name, "-ratio")+"-cpu")
 	}
-}
-
-func median(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
 }
