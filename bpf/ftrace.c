@@ -442,13 +442,47 @@ static __always_inline struct ft_target *traced(__u32 tgid)
 	return t;
 }
 
+/* bpf_rdonly_cast (a kfunc of every program type since Linux 6.2) makes
+ * an address a read-only BTF pointer of the given kernel type, whose
+ * fields are then plain loads (faults read as zero) instead of one
+ * bpf_probe_read_kernel each. Only the tp_btf programs use it: a kernel
+ * without it refuses them and the raw_tracepoint set is loaded. */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
 /* fd_info describes descriptor fd of the current task from its file
- * table; it returns 0 when fd names an open file. */
-static __always_inline int fd_info(long fd, struct ft_fdinfo *fi)
+ * table; it returns 0 when fd names an open file. btf: the program is
+ * tp_btf, which reads the task's file table with plain loads (one probe
+ * read for the descriptor's slot, whose type the verifier does not
+ * track); the raw_tracepoint programs read each field with
+ * bpf_probe_read_kernel. */
+static __always_inline int fd_info(long fd, struct ft_fdinfo *fi, int btf)
 {
 	fi->fd = (__s32)fd;
 	if (fd < 0 || fd > 0x7fffffff)
 		return -1;
+	if (btf) {
+		struct task_struct *task = bpf_get_current_task_btf();
+		struct files_struct *files = task->files;
+		if (!files)
+			return -1;
+		struct fdtable *fdt = files->fdt;
+		if (!fdt || (__u32)fd >= fdt->max_fds)
+			return -1;
+		struct file **fds = fdt->fd;
+		struct file *fp = NULL;
+		if (bpf_probe_read_kernel(&fp, sizeof(fp), &fds[fd]) || !fp)
+			return -1;
+		struct file *f = bpf_rdonly_cast(fp, bpf_core_type_id_kernel(struct file));
+		struct inode *ino = f->f_inode;
+		if (!ino)
+			return -1;
+		fi->mode = ino->i_mode;
+		fi->ino = ino->i_ino;
+		fi->dev = ino->i_sb->s_dev;
+		fi->pos = f->f_pos;
+		fi->flags = f->f_flags;
+		return 0;
+	}
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
 	if (!fdt)
@@ -490,9 +524,20 @@ static __always_inline __u64 arg_at(const __u64 *args, int i)
 	return 0;
 }
 
-static __always_inline void read_args(struct pt_regs *regs, __u64 *args)
+/* read_args copies the syscall's arguments from regs; btf: regs is a
+ * BTF-typed pointer (tp_btf), read with plain loads. */
+static __always_inline void read_args(struct pt_regs *regs, __u64 *args, int btf)
 {
 	/* x86-64 syscall convention: di si dx r10 r8 r9 */
+	if (btf) {
+		args[0] = regs->di;
+		args[1] = regs->si;
+		args[2] = regs->dx;
+		args[3] = regs->r10;
+		args[4] = regs->r8;
+		args[5] = regs->r9;
+		return;
+	}
 	args[0] = BPF_CORE_READ(regs, di);
 	args[1] = BPF_CORE_READ(regs, si);
 	args[2] = BPF_CORE_READ(regs, dx);
@@ -530,7 +575,7 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 		return 0;
 
 	struct ft_inflight in = {};
-	read_args(regs, in.args);
+	read_args(regs, in.args, btf);
 	in.nr = nr;
 	in.target = t->id;
 	in.slot = t->slot;
@@ -548,7 +593,7 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 			return 0;
 		break;
 	case FT_OP_CLOSE: {
-		if (fd_info((long)(__s32)in.args[0], &in.fi))
+		if (fd_info((long)(__s32)in.args[0], &in.fi, btf))
 			return 0;
 		__u32 fmt = in.fi.mode & S_IFMT_;
 		if (fmt != S_IFREG_ && fmt != S_IFDIR_ && fmt != S_IFLNK_)
@@ -591,7 +636,7 @@ static __always_inline void fill_header(struct ft_event *e, const struct ft_infl
 /* describe_fd describes the descriptor named by which (an argument
  * index or ARG_RET) into fi; it returns 1 when fi describes an open file. */
 static __always_inline int describe_fd(struct ft_fdinfo *fi, int which,
-					const struct ft_inflight *in, long ret)
+					const struct ft_inflight *in, long ret, int btf)
 {
 	long fd;
 	fi->fd = -1;
@@ -601,7 +646,7 @@ static __always_inline int describe_fd(struct ft_fdinfo *fi, int which,
 		fd = ret;
 	else
 		fd = (long)(__s32)arg_at(in->args, which);
-	return fd_info(fd, fi) == 0;
+	return fd_info(fd, fi, btf) == 0;
 }
 
 static __always_inline void read_aux(struct ft_event *e, const struct ft_sc *sc,
@@ -639,7 +684,8 @@ static __always_inline void read_aux(struct ft_event *e, const struct ft_sc *sc,
 	}
 }
 
-static __always_inline int on_exit(struct pt_regs *regs, long ret)
+/* on_exit: btf as for on_enter. */
+static __always_inline int on_exit(struct pt_regs *regs, long ret, int btf)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid;
@@ -647,7 +693,7 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 	if (!in)
 		return 0;
 	struct ft_sc sc;
-	long nr = BPF_CORE_READ(regs, orig_ax);
+	long nr = btf ? regs->orig_ax : BPF_CORE_READ(regs, orig_ax);
 	if (nr != in->nr || describe(nr, &sc) == FT_OP_NONE) {
 		/* a stale entry (the exit of its syscall was not seen) */
 		bpf_map_delete_elem(&ft_inflight, &tid);
@@ -663,9 +709,9 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret)
 		fi[1].fd = -1;
 		fl |= FT_F_FI0;
 	} else {
-		if (describe_fd(&fi[0], sc.fd0, in, ret))
+		if (describe_fd(&fi[0], sc.fd0, in, ret, btf))
 			fl |= FT_F_FI0;
-		if (describe_fd(&fi[1], sc.fd1, in, ret))
+		if (describe_fd(&fi[1], sc.fd1, in, ret, btf))
 			fl |= FT_F_FI1;
 	}
 	if (sc.op == FT_OP_READ || sc.op == FT_OP_WRITE || sc.op == FT_OP_MMAP ||
@@ -833,10 +879,11 @@ static __always_inline void emit_simple(__u16 kind, __u32 tgid, __u32 tid,
 	bpf_ringbuf_submit(e, wakeup(slot, rb));
 }
 
-static __always_inline int on_fork(struct task_struct *parent, struct task_struct *child)
+/* on_fork, on_task_exit: btf as for on_enter (the tasks are BTF-typed). */
+static __always_inline int on_fork(struct task_struct *parent, struct task_struct *child, int btf)
 {
-	__u32 ptgid = BPF_CORE_READ(parent, tgid);
-	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	__u32 ptgid = btf ? parent->tgid : BPF_CORE_READ(parent, tgid);
+	__u32 ctgid = btf ? child->tgid : BPF_CORE_READ(child, tgid);
 	if (ptgid == ctgid)
 		return 0; /* a new thread */
 	struct ft_target *t = traced(ptgid);
@@ -850,16 +897,16 @@ static __always_inline int on_fork(struct task_struct *parent, struct task_struc
 		if (bpf_map_update_elem(&ft_pids, &ctgid, &copy, BPF_ANY))
 			count_loss(copy.slot, FT_C_FORK);
 	}
-	emit_simple(FT_K_FORK, ptgid, BPF_CORE_READ(parent, pid), &copy, ctgid);
+	emit_simple(FT_K_FORK, ptgid, btf ? parent->pid : BPF_CORE_READ(parent, pid), &copy, ctgid);
 	return 0;
 }
 
-static __always_inline int on_task_exit(struct task_struct *task)
+static __always_inline int on_task_exit(struct task_struct *task, int btf)
 {
-	__u32 tid = BPF_CORE_READ(task, pid);
-	__u32 tgid = BPF_CORE_READ(task, tgid);
+	__u32 tid = btf ? task->pid : BPF_CORE_READ(task, pid);
+	__u32 tgid = btf ? task->tgid : BPF_CORE_READ(task, tgid);
 	bpf_map_delete_elem(&ft_inflight, &tid);
-	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+	if ((btf ? task->signal->live.counter : BPF_CORE_READ(task, signal, live.counter)) != 0)
 		return 0; /* other threads of the group live on */
 	struct ft_target *t = traced(tgid);
 	if (!t)
@@ -881,19 +928,19 @@ int BPF_PROG(ft_enter_btf, struct pt_regs *regs, long id)
 SEC("tp_btf/sys_exit")
 int BPF_PROG(ft_exit_btf, struct pt_regs *regs, long ret)
 {
-	return on_exit(regs, ret);
+	return on_exit(regs, ret, 1);
 }
 
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(ft_fork_btf, struct task_struct *parent, struct task_struct *child)
 {
-	return on_fork(parent, child);
+	return on_fork(parent, child, 1);
 }
 
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(ft_pexit_btf, struct task_struct *task)
 {
-	return on_task_exit(task);
+	return on_task_exit(task, 1);
 }
 
 /* raw_tracepoint programs: the same, with untyped arguments. */
@@ -907,19 +954,19 @@ int ft_enter_raw(struct bpf_raw_tracepoint_args *ctx)
 SEC("raw_tp/sys_exit")
 int ft_exit_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	return on_exit((struct pt_regs *)ctx->args[0], (long)ctx->args[1]);
+	return on_exit((struct pt_regs *)ctx->args[0], (long)ctx->args[1], 0);
 }
 
 SEC("raw_tp/sched_process_fork")
 int ft_fork_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	return on_fork((struct task_struct *)ctx->args[0], (struct task_struct *)ctx->args[1]);
+	return on_fork((struct task_struct *)ctx->args[0], (struct task_struct *)ctx->args[1], 0);
 }
 
 SEC("raw_tp/sched_process_exit")
 int ft_pexit_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	return on_task_exit((struct task_struct *)ctx->args[0]);
+	return on_task_exit((struct task_struct *)ctx->args[0], 0);
 }
 
 /* ft_marker is run by userspace (BPF_PROG_TEST_RUN) with two arguments,
