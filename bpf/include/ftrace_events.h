@@ -3,7 +3,8 @@
  * ftrace_events.h: the wire format between bpf/ftrace.c and
  * pkg/hooks/fileev. Every record in a slot's ring buffer (ft_rings) starts with
  * struct ft_event; records for syscalls that take path arguments are a
- * struct ft_path_event. pkg/hooks/fileev/wire.go mirrors these layouts and
+ * struct ft_path1_event (one path argument, the first) or a struct
+ * ft_path_event (two, or only the second). pkg/hooks/fileev/wire.go mirrors these layouts and
  * a test checks the offsets against the BTF of the compiled object.
  */
 #ifndef CARBD_FTRACE_EVENTS_H
@@ -75,6 +76,7 @@ enum ft_flag {
 	FT_F_PATHS = 1 << 9,     /* the record is a struct ft_path_event */
 	FT_F_DATA = 1 << 10,     /* the record is a struct ft_data_event: dlen bytes follow */
 	FT_F_DATA_WHOLE = 1 << 11, /* with FT_F_DATA: dlen == ret, the bytes are all the call moved */
+	FT_F_PATH1 = 1 << 12,    /* with FT_F_PATHS: a struct ft_path1_event, path[0] only */
 };
 
 /* Indices of the per-CPU loss counters of a slot (map ft_counters: the
@@ -115,9 +117,20 @@ struct ft_event {
 	__u32 dlen;    /* FT_F_DATA: bytes of data[] in the record; else 0 */
 };
 
+/* A syscall with two path arguments (rename, link, symlink, setxattr:
+ * the path and the attribute's name), or with only the second (fsetxattr,
+ * fremovexattr: the name). */
 struct ft_path_event {
 	struct ft_event h;
 	char path[2][FT_PATH_MAX];
+};
+
+/* A syscall with one path argument, the first (open, unlink, mkdir, chmod
+ * and most others): FT_F_PATH1 is set, plen[1] is 0, and the record is
+ * 688 bytes instead of ft_path_event's 1,200. */
+struct ft_path1_event {
+	struct ft_event h;
+	char path[FT_PATH_MAX];
 };
 
 /* A read or write (read, pread64, write, pwrite64) of a regular file on

@@ -12,8 +12,9 @@ const (
 	pathMax = 512  // FT_PATH_MAX
 	dataMax = 4096 // FT_DATA_MAX
 
-	eventSize     = 176                   // sizeof(struct ft_event)
-	pathEventSize = eventSize + 2*pathMax // sizeof(struct ft_path_event)
+	eventSize      = 176                   // sizeof(struct ft_event)
+	pathEventSize  = eventSize + 2*pathMax // sizeof(struct ft_path_event)
+	path1EventSize = eventSize + pathMax   // sizeof(struct ft_path1_event)
 
 	offTS     = 0
 	offTgid   = 8
@@ -64,6 +65,7 @@ const (
 	fPaths   = 1 << 9
 	fData    = 1 << 10 // a struct ft_data_event: dlen bytes of the call's buffer follow
 	fWhole   = 1 << 11 // with fData: dlen == ret, the bytes are all the call moved
+	fPath1   = 1 << 12 // with fPaths: a struct ft_path1_event, one path slot (path[0])
 )
 
 // loss counters (enum ft_counter)
@@ -178,12 +180,22 @@ func decodeInto(e *rawEvent, b []byte, last *[2]string) error {
 		return decodeData(e, b)
 	}
 	if e.Flags&fPaths == 0 {
+		if e.Flags&fPath1 != 0 {
+			return fmt.Errorf("%w: one-path flag without paths", errWire)
+		}
 		return nil
 	}
-	if len(b) < pathEventSize {
-		return fmt.Errorf("%w: path record of %d bytes, want %d", errWire, len(b), pathEventSize)
+	slots, size := 2, pathEventSize
+	if e.Flags&fPath1 != 0 {
+		slots, size = 1, path1EventSize
+		if le.Uint16(b[offPlen+2:]) != 0 {
+			return fmt.Errorf("%w: one-path record with a second path", errWire)
+		}
 	}
-	for i := range 2 {
+	if len(b) < size {
+		return fmt.Errorf("%w: path record of %d bytes, want %d", errWire, len(b), size)
+	}
+	for i := range slots {
 		n := int(le.Uint16(b[offPlen+2*i:]))
 		if n == 0 {
 			continue

@@ -60,6 +60,13 @@ func TestWireLayout(t *testing.T) {
 	if o := offsets(pe)["path"]; o != offPath {
 		t.Errorf("ft_path_event.path at %d, wire.go says %d", o, offPath)
 	}
+	p1 := structOf("ft_path1_event")
+	if p1.Size != path1EventSize {
+		t.Errorf("sizeof(ft_path1_event) = %d, wire.go says %d", p1.Size, path1EventSize)
+	}
+	if o := offsets(p1)["path"]; o != offPath {
+		t.Errorf("ft_path1_event.path at %d, wire.go says %d", o, offPath)
+	}
 	de := structOf("ft_data_event")
 	if de.Size != offData+dataMax {
 		t.Errorf("sizeof(ft_data_event) = %d, wire.go says %d", de.Size, offData+dataMax)
@@ -91,7 +98,8 @@ func TestWireLayout(t *testing.T) {
 		"ft_kind": {"FT_K_SYSCALL": kSyscall, "FT_K_FORK": kFork, "FT_K_EXIT": kExit, "FT_K_MARKER": kMarker},
 		"ft_flag": {"FT_F_FI0": fFI0, "FT_F_FI1": fFI1, "FT_F_P0_TRUNC": fP0Trunc, "FT_F_P1_TRUNC": fP1Trunc,
 			"FT_F_P0_FAULT": fP0Fault, "FT_F_P1_FAULT": fP1Fault, "FT_F_AUX0": fAux0, "FT_F_AUX1": fAux1,
-			"FT_F_AUX_FAULT": fAuxFlt, "FT_F_PATHS": fPaths, "FT_F_DATA": fData, "FT_F_DATA_WHOLE": fWhole},
+			"FT_F_AUX_FAULT": fAuxFlt, "FT_F_PATHS": fPaths, "FT_F_DATA": fData, "FT_F_DATA_WHOLE": fWhole,
+			"FT_F_PATH1": fPath1},
 		"ft_counter": {"FT_C_RINGBUF": cRingbuf, "FT_C_INFLIGHT": cInflight, "FT_C_FORK": cFork, "FT_C_COMPAT": cCompat,
 			"FT_C_MAX": cMax},
 	}

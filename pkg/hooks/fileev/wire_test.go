@@ -13,6 +13,9 @@ func encodeEvent(e *rawEvent) []byte {
 	n := eventSize
 	if e.Flags&fPaths != 0 {
 		n = pathEventSize
+		if e.Flags&fPath1 != 0 {
+			n = path1EventSize
+		}
 	}
 	if e.HasData {
 		n = offData + len(e.Data)
@@ -59,7 +62,7 @@ func encodeEvent(e *rawEvent) []byte {
 	}
 	if flags&fPaths != 0 {
 		for i, p := range e.Path {
-			if !e.HasP[i] {
+			if !e.HasP[i] || (i == 1 && flags&fPath1 != 0) {
 				continue
 			}
 			copy(b[offPath+pathMax*i:], p)
@@ -79,6 +82,14 @@ func sampleEvents() []rawEvent {
 			Args: [6]uint64{^uint64(99), 0x1000, 0o101, 0o644},
 			FI:   [2]fdInfo{{Ino: 5, Dev: 1<<20 | 2, Mode: sIFREG | 0o644, FD: 3, Valid: true}, {FD: -100}},
 			Path: [2]string{"a.txt"}, HasP: [2]bool{true}},
+		// The same open as the kernel sends it: a one-path record.
+		{TS: 9, Tgid: 10, Tid: 11, Target: 1, Kind: kSyscall, Op: OpOpen, Nr: 257, Flags: fPaths | fPath1, Ret: 3,
+			Args: [6]uint64{^uint64(99), 0x1000, 0o101, 0o644},
+			FI:   [2]fdInfo{{Ino: 5, Dev: 1<<20 | 2, Mode: sIFREG | 0o644, FD: 3, Valid: true}, {FD: -100}},
+			Path: [2]string{"a.txt"}, HasP: [2]bool{true}},
+		// An unlink whose path fills its slot.
+		{TS: 10, Tgid: 10, Tid: 11, Target: 1, Kind: kSyscall, Op: OpUnlink, Nr: 87, Flags: fPaths | fPath1 | fP0Trunc,
+			FI: [2]fdInfo{{FD: -1}, {FD: -1}}, Path: [2]string{strings.Repeat("d/", pathMax/2)}, HasP: [2]bool{true}},
 		{TS: 2, Tgid: 10, Tid: 11, Target: 1, Kind: kSyscall, Op: OpWrite, Nr: 1, Ret: 12,
 			Args: [6]uint64{3, 0x2000, 12},
 			FI:   [2]fdInfo{{Ino: 5, Pos: 12, Dev: 1<<20 | 2, Mode: sIFREG | 0o644, FD: 3, Valid: true}, {FD: -1}}},
@@ -118,7 +129,10 @@ func TestDecodeErrors(t *testing.T) {
 	ok := sampleEvents()[0]
 	good := encodeEvent(&ok)
 	mod := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
-	withData := sampleEvents()[6]
+	withData := sampleEvents()[8]
+	one := sampleEvents()[1]
+	good1 := encodeEvent(&one)
+	mod1 := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good1...)) }
 	data := encodeEvent(&withData)
 	modData := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), data...)) }
 	for _, tc := range []struct {
@@ -129,6 +143,10 @@ func TestDecodeErrors(t *testing.T) {
 		{"empty", nil, "0 bytes"},
 		{"short header", good[:eventSize-1], "want at least"},
 		{"short path record", good[:eventSize+10], "path record of"},
+		{"short one-path record", good1[:path1EventSize-1], "path record of 687 bytes, want 688"},
+		{"one-path record read as two", mod1(func(b []byte) []byte { b[offFlags+1] &^= fPath1 >> 8; return b }), "want 1200"},
+		{"second path in a one-path record", mod1(func(b []byte) []byte { binary.LittleEndian.PutUint16(b[offPlen+2:], 1); return b }), "with a second path"},
+		{"one-path flag without paths", mod(func(b []byte) []byte { b[offFlags+1] = fPath1 >> 8; return b }), "one-path flag without paths"},
 		{"kind", mod(func(b []byte) []byte { b[offKind] = 9; return b }), "kind 9"},
 		{"op", mod(func(b []byte) []byte { b[offOp] = byte(opMax); return b }), "op"},
 		{"nr", mod(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offNr:], 999); return b }), "syscall number 999"},
