@@ -207,26 +207,6 @@ func (fc *fileChannel) handleRecord(ctx context.Context, rec *fileev.Record, evs
 	}
 }
 
-// removeStaleCgroup removes the cgroup a crashed carbd left for this
-// sandbox (its processes died with that carbd; any left are killed), so
-// that the new run can trace its own.
-func removeStaleCgroup(name string) {
-	mnt, err := fileev.Cgroup2Mount()
-	if err != nil {
-		return
-	}
-	cg, err := fileev.OpenCgroup(filepath.Join(mnt, name))
-	if err != nil {
-		return
-	}
-	_ = cg.Kill()
-	// cgroup.kill is asynchronous: the directory can be removed once the
-	// last process is gone.
-	for i := 0; i < 100 && cg.Remove() != nil; i++ {
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // syncTracing returns once every traced file operation that returned
 // before the call has been handled (reads observed by the engine, writes
 // proposed), so that an effect decided next is decided knowing what the

@@ -54,18 +54,31 @@ func claimIndex(stateDir, id string) (func() error, int, error) {
 // for another working directory) would take the live run's resources for
 // a crashed run's and remove them: kill its agent's cgroup, unpin its TC
 // program, delete its queue rules. The second run is refused instead.
+//
+// carbd cleanup removes a lock file while holding it: a lock taken on a
+// file no longer at its path guards nothing, so it is taken again on the
+// file there now.
 func claimID(dir, id string) (func() error, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "id-"+id+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox id %s: %w", id, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(f.Name())
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("sandbox id %s is in use by another carbd on this host (pid %s); give this run another --id", id, strings.TrimSpace(string(holder)))
+	var f *os.File
+	for {
+		var err error
+		f, err = os.OpenFile(filepath.Join(dir, "id-"+id+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox id %s: %w", id, err)
 		}
-		return nil, fmt.Errorf("sandbox id %s: lock: %w", id, err)
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			holder, _ := os.ReadFile(f.Name())
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("sandbox id %s is in use by another carbd on this host (pid %s); give this run another --id", id, strings.TrimSpace(string(holder)))
+			}
+			return nil, fmt.Errorf("sandbox id %s: lock: %w", id, err)
+		}
+		var held, now unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(f.Name(), &now) == nil && held.Dev == now.Dev && held.Ino == now.Ino {
+			break
+		}
+		f.Close()
 	}
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)

@@ -137,13 +137,10 @@ func startNetChannel(ctx context.Context, d *daemon, index int) (_ *netChannel, 
 	// A crash leaves pinned state and rules behind; the sandbox died with
 	// its daemon, so start from a clean slate (egress stayed dropped
 	// meanwhile: the rules drop what is not marked).
-	// The crashed run's link goes first: while it exists, the surviving
-	// sandbox can send (a retransmission of a held request), and once its
-	// program and rules are gone nothing would stop that.
-	if l, err := netlink.LinkByName(plan.HostIf); err == nil {
-		if err := netlink.LinkDel(l); err != nil {
-			return nil, fmt.Errorf("remove the crashed run's link %s: %w", plan.HostIf, err)
-		}
+	// The crashed run's link goes first (carbd cleanup removes in the
+	// same order, with the same functions: cleanup.go).
+	if err := removeCrashedLink(plan.HostIf); err != nil {
+		return nil, err
 	}
 	tcfg := tcx.Config{SandboxID: d.cfg.ID, Ifname: plan.HostIf}
 	_ = tcx.Remove(tcfg)

@@ -59,6 +59,25 @@ func RemoveNAT(cfg NATConfig) error {
 	return removeNATTables(p, cfg.NetNS)
 }
 
+// ReleaseSysctls gives back what holder (a sandbox id whose carbd died)
+// holds of the forwarding sysctls under stateDir in the caller's network
+// namespace, as ApplyNAT's undo would have: the last holder out puts
+// back what the first one found (carbd cleanup).
+func ReleaseSysctls(stateDir, holder string) error {
+	nsID, err := netnsID("")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, key := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
+		h := sysctlHolder{dir: filepath.Join(stateDir, nsID, key), s: Sysctl{Key: key, Value: "1"}, holder: holder}
+		if _, err := os.Lstat(filepath.Join(h.dir, "holders", holder)); err == nil {
+			errs = append(errs, h.release())
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func natFamily(f string) nftables.TableFamily {
 	if f == "ip6" {
 		return nftables.TableFamilyIPv6
