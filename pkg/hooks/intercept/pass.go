@@ -213,8 +213,8 @@ func (f *Front) peek(c net.Conn) ([]byte, *Hello, error) {
 
 // pass connects to dst and relays the connection both ways, the peeked
 // bytes first: what the client sent reaches dst byte for byte. Each
-// chunk from the client is forwarded after Recheck allows it; the
-// server's bytes are copied by the kernel where it can (splice).
+// chunk from the client is forwarded after Recheck allows it. Both ways
+// are copied in chunks of up to passChunk (relay).
 func (f *Front) pass(ctx context.Context, c net.Conn, client, dst netip.AddrPort, h *Hello, peeked []byte) (up, down int64, err error) {
 	dctx, dcancel := context.WithTimeout(ctx, f.cfg.HelloTimeout)
 	u, err := f.cfg.Dial(dctx, "tcp", dst.String())
@@ -236,7 +236,7 @@ func (f *Front) pass(ctx context.Context, c net.Conn, client, dst netip.AddrPort
 		downErr error
 	)
 	wg.Go(func() {
-		down, downErr = io.Copy(c, u)
+		down, _, downErr = relay(c, u, nil)
 		closeWrite(c)
 	})
 	n, upErr := f.relayUp(ctx, u, c, client, dst, h)
@@ -253,7 +253,7 @@ func (f *Front) pass(ctx context.Context, c net.Conn, client, dst netip.AddrPort
 	if upErr != nil {
 		return up, down, upErr
 	}
-	if downErr != nil && !errors.Is(downErr, net.ErrClosed) {
+	if downErr != nil {
 		return up, down, fmt.Errorf("intercept: pass from %s: %w", dst, downErr)
 	}
 	return up, down, nil
@@ -261,33 +261,20 @@ func (f *Front) pass(ctx context.Context, c net.Conn, client, dst netip.AddrPort
 
 // relayUp copies the client's bytes to u, each chunk after Recheck.
 func (f *Front) relayUp(ctx context.Context, u, c net.Conn, client, dst netip.AddrPort, h *Hello) (int64, error) {
-	if f.cfg.Recheck == nil {
-		n, err := io.Copy(u, c)
-		if errors.Is(err, net.ErrClosed) {
-			err = nil
-		}
-		return n, err
+	var check func() error
+	if f.cfg.Recheck != nil {
+		check = func() error { return f.cfg.Recheck(ctx, client, dst, h) }
 	}
-	buf := make([]byte, 32<<10)
-	var total int64
-	for {
-		n, rerr := c.Read(buf)
-		if n > 0 {
-			if err := f.cfg.Recheck(ctx, client, dst, h); err != nil {
-				return total, fmt.Errorf("intercept: pass to %s ended: %w", dst, err)
-			}
-			if _, err := u.Write(buf[:n]); err != nil {
-				return total, fmt.Errorf("intercept: pass to %s: %w", dst, err)
-			}
-			total += int64(n)
-		}
-		if rerr != nil {
-			if errors.Is(rerr, io.EOF) || errors.Is(rerr, net.ErrClosed) {
-				return total, nil
-			}
-			return total, fmt.Errorf("intercept: pass from %s: %w", client, rerr)
-		}
+	n, step, err := relay(u, c, check)
+	switch {
+	case err == nil:
+		return n, nil
+	case step == stepCheck:
+		return n, fmt.Errorf("intercept: pass to %s ended: %w", dst, err)
+	case step == stepWrite:
+		return n, fmt.Errorf("intercept: pass to %s: %w", dst, err)
 	}
+	return n, fmt.Errorf("intercept: pass from %s: %w", client, err)
 }
 
 func closeWrite(c net.Conn) {

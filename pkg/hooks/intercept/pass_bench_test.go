@@ -32,24 +32,33 @@ func BenchmarkFront(b *testing.B) {
 		roots := newPoolFromFile(b, w.caFile)
 		direct, passed := dialClient(roots, w.addr, true), dialClient(roots, pass.addr, true)
 		url := fmt.Sprintf("https://localhost/big?n=%d", size)
-		var td, tp time.Duration
+		var td, tp, cd, cp time.Duration
 		for i := 0; b.Loop(); i++ {
 			for k := range 2 {
-				c, d := direct, &td
+				c, d, u := direct, &td, &cd
 				if (i+k)%2 == 1 {
-					c, d = passed, &tp
+					c, d, u = passed, &tp, &cp
 				}
-				start := time.Now()
+				start, c0 := time.Now(), cpuTime()
 				if err := get(c, url, size); err != nil {
 					b.Fatal(err)
 				}
 				*d += time.Since(start)
+				*u += cpuTime() - c0
 			}
 		}
 		n := float64(b.N) * size / 1e6
 		b.ReportMetric(n/td.Seconds(), "direct-MB/s")
 		b.ReportMetric(n/tp.Seconds(), "pass-MB/s")
 		b.ReportMetric(td.Seconds()/tp.Seconds(), "pass/direct")
+		if cd > 0 {
+			// The process's CPU time (client, world and Front) per MiB:
+			// on a shared machine steadier than MB/s.
+			mib := float64(b.N) * size / (1 << 20)
+			b.ReportMetric(us(cd)/mib, "direct-cpu-µs/MiB")
+			b.ReportMetric(us(cp)/mib, "pass-cpu-µs/MiB")
+			b.ReportMetric(cp.Seconds()/cd.Seconds(), "pass/direct-cpu")
+		}
 	})
 	b.Run("handshake", func(b *testing.B) {
 		roots := tp.ca.Pool()
