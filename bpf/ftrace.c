@@ -6,7 +6,9 @@
  * daemon virtiofsd, or a namespace sandbox's processes).
  *
  * sys_enter remembers the arguments of an interesting syscall of a traced
- * process in ft_inflight (keyed by thread id); sys_exit pairs them with the
+ * process (in the thread's task-local storage ft_task under tp_btf, in the
+ * hash map ft_inflight keyed by thread id under raw_tracepoint); sys_exit
+ * pairs them with the
  * return value, describes the file descriptors involved from the task's
  * file table, copies path arguments from user memory, and submits one
  * record to the ring buffer of the process's slot. A record that cannot be
@@ -104,10 +106,27 @@ struct ft_inflight {
 	__u32 target;
 	__u32 slot;
 	__u32 epoch; /* the slot's, at entry */
+	__u32 live;  /* ft_task: set at entry, cleared at exit */
 	struct ft_fdinfo fi; /* close: the descriptor before it goes away */
 };
 
-/* Shared by every slot: a thread has at most one syscall in flight. */
+/* The syscall in flight of each traced thread (a thread has at most one),
+ * for the tp_btf programs: the thread's own storage, found from the task
+ * without hashing, kept from entry to exit and freed with the task. One
+ * lookup at entry and one at exit, against a hash update, a lookup and a
+ * delete; right whatever CPU the thread moves to between the two (a
+ * per-CPU slot would not be). The entry is marked live at entry and not
+ * live at exit instead of being deleted. Untraced threads have none. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ft_inflight);
+} ft_task SEC(".maps");
+
+/* The same for the raw_tracepoint programs (which take no BTF-typed task
+ * pointer), by thread id, shared by every slot. Userspace creates only
+ * the map of the mechanism it loads. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 32768);
@@ -575,41 +594,59 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 	if (!t)
 		return 0;
 
-	struct ft_inflight in = {};
-	read_args(regs, in.args, btf);
-	in.nr = nr;
-	in.target = t->id;
-	in.slot = t->slot;
-	in.epoch = t->epoch;
-	in.fi.fd = -1;
+	struct ft_inflight local = {};
+	struct ft_inflight *in = &local;
+	if (btf) {
+		in = bpf_task_storage_get(&ft_task, bpf_get_current_task_btf(), 0,
+					  BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (!in) {
+			/* Counted before the syscall runs: a read it makes
+			 * is in the loss a sync reports. */
+			if (reads_op(sc.op))
+				count_loss(t->slot, FT_C_INFLIGHT);
+			else
+				count(t->slot, FT_C_INFLIGHT);
+			return 0;
+		}
+		in->live = 0;
+	}
+	read_args(regs, in->args, btf);
+	in->nr = nr;
+	in->target = t->id;
+	in->slot = t->slot;
+	in->epoch = t->epoch;
+	in->fi.fd = -1;
 	switch (sc.op) {
 	case FT_OP_DUP:
-		if (nr == 72 && (__u32)in.args[1] != 0 /* F_DUPFD */ &&
-		    (__u32)in.args[1] != 1030 /* F_DUPFD_CLOEXEC */)
+		if (nr == 72 && (__u32)in->args[1] != 0 /* F_DUPFD */ &&
+		    (__u32)in->args[1] != 1030 /* F_DUPFD_CLOEXEC */)
 			return 0;
 		break;
 	case FT_OP_MMAP:
 		/* only file mappings: fd >= 0 and not MAP_ANONYMOUS */
-		if ((__s32)in.args[4] < 0 || (in.args[3] & 0x20))
+		if ((__s32)in->args[4] < 0 || (in->args[3] & 0x20))
 			return 0;
 		break;
 	case FT_OP_CLOSE: {
-		if (fd_info((long)(__s32)in.args[0], &in.fi, btf))
+		if (fd_info((long)(__s32)in->args[0], &in->fi, btf))
 			return 0;
-		__u32 fmt = in.fi.mode & S_IFMT_;
+		__u32 fmt = in->fi.mode & S_IFMT_;
 		if (fmt != S_IFREG_ && fmt != S_IFDIR_ && fmt != S_IFLNK_)
 			return 0;
 		break;
 	}
 	}
+	if (btf) {
+		in->live = 1;
+		return 0;
+	}
 	__u32 tid = (__u32)pid_tgid;
-	if (bpf_map_update_elem(&ft_inflight, &tid, &in, BPF_ANY)) {
-		/* Counted before the syscall runs: a read it makes is in
-		 * the loss a sync reports. */
+	if (bpf_map_update_elem(&ft_inflight, &tid, in, BPF_ANY)) {
+		/* Counted before the syscall runs, as above. */
 		if (reads_op(sc.op))
-			count_loss(in.slot, FT_C_INFLIGHT);
+			count_loss(in->slot, FT_C_INFLIGHT);
 		else
-			count(in.slot, FT_C_INFLIGHT);
+			count(in->slot, FT_C_INFLIGHT);
 	}
 	return 0;
 }
@@ -709,16 +746,20 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret, int btf)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid;
-	struct ft_inflight *in = bpf_map_lookup_elem(&ft_inflight, &tid);
-	if (!in)
-		return 0;
+	struct ft_inflight *in;
+	if (btf) {
+		in = bpf_task_storage_get(&ft_task, bpf_get_current_task_btf(), 0, 0);
+		if (!in || !in->live)
+			return 0;
+	} else {
+		in = bpf_map_lookup_elem(&ft_inflight, &tid);
+		if (!in)
+			return 0;
+	}
 	struct ft_sc sc;
 	long nr = btf ? regs->orig_ax : BPF_CORE_READ(regs, orig_ax);
-	if (nr != in->nr || describe(nr, &sc) == FT_OP_NONE) {
-		/* a stale entry (the exit of its syscall was not seen) */
-		bpf_map_delete_elem(&ft_inflight, &tid);
-		return 0;
-	}
+	if (nr != in->nr || describe(nr, &sc) == FT_OP_NONE)
+		goto out; /* a stale entry (the exit of its syscall was not seen) */
 
 	/* Describe the descriptors before reserving: data operations on
 	 * pipes, sockets, eventfds and the like are dropped here. */
@@ -859,7 +900,10 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret, int btf)
 	read_path(&pe->h, pe->path[1], 1, arg_at(in->args, sc.path1));
 	bpf_ringbuf_submit(pe, wakeup(slot, rb));
 out:
-	bpf_map_delete_elem(&ft_inflight, &tid);
+	if (btf)
+		in->live = 0;
+	else
+		bpf_map_delete_elem(&ft_inflight, &tid);
 	return 0;
 }
 
@@ -916,7 +960,8 @@ static __always_inline int on_task_exit(struct task_struct *task, int btf)
 {
 	__u32 tid = btf ? task->pid : BPF_CORE_READ(task, pid);
 	__u32 tgid = btf ? task->tgid : BPF_CORE_READ(task, tgid);
-	bpf_map_delete_elem(&ft_inflight, &tid);
+	if (!btf) /* a task's ft_task storage goes with it */
+		bpf_map_delete_elem(&ft_inflight, &tid);
 	if ((btf ? task->signal->live.counter : BPF_CORE_READ(task, signal, live.counter)) != 0)
 		return 0; /* other threads of the group live on */
 	struct ft_target *t = traced(tgid);

@@ -50,6 +50,8 @@ type ftraceFtInflight struct {
 	Target uint32
 	Slot   uint32
 	Epoch  uint32
+	Live   uint32
+	_      [4]byte
 	Fi     struct {
 		_     structs.HostLayout
 		Ino   uint64
@@ -94,6 +96,7 @@ const (
 	ftraceMapFtRings      = "ft_rings"
 	ftraceMapFtScratch    = "ft_scratch"
 	ftraceMapFtSlots      = "ft_slots"
+	ftraceMapFtTask       = "ft_task"
 	ftraceProgFtEnterBtf  = "ft_enter_btf"
 	ftraceProgFtEnterRaw  = "ft_enter_raw"
 	ftraceProgFtExitBtf   = "ft_exit_btf"
@@ -172,6 +175,7 @@ type ftraceMapSpecs struct {
 	FtRings    *ebpf.MapSpec `ebpf:"ft_rings"`
 	FtScratch  *ebpf.MapSpec `ebpf:"ft_scratch"`
 	FtSlots    *ebpf.MapSpec `ebpf:"ft_slots"`
+	FtTask     *ebpf.MapSpec `ebpf:"ft_task"`
 }
 
 // ftraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +214,7 @@ type ftraceMaps struct {
 	FtRings    *ebpf.Map `ebpf:"ft_rings"`
 	FtScratch  *ebpf.Map `ebpf:"ft_scratch"`
 	FtSlots    *ebpf.Map `ebpf:"ft_slots"`
+	FtTask     *ebpf.Map `ebpf:"ft_task"`
 }
 
 func (m *ftraceMaps) Close() error {
@@ -223,6 +228,7 @@ func (m *ftraceMaps) Close() error {
 		m.FtRings,
 		m.FtScratch,
 		m.FtSlots,
+		m.FtTask,
 	)
 }
 

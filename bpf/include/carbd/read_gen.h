@@ -2,9 +2,13 @@
 /*
  * The read generation of a sandbox, shared by bpf/ftrace.c (which bumps
  * it) and bpf/tc.c (which compares it). carbd creates the map once per
- * sandbox and hands the same map to both loads (pkg/hooks/tcx
- * NewReadGen; cilium/ebpf MapReplacements), so the two programs see one
- * counter.
+ * sandbox (pkg/hooks/tcx NewReadGen) and gives it to both: the sandbox's
+ * TC program is loaded with it in place of the map declared here
+ * (cilium/ebpf MapReplacements); the file tracer, one instance for the
+ * whole host, is not loaded per sandbox and finds it in ft_gens, an
+ * array of maps at the sandbox's slot, where carbd inserts it when it
+ * takes the slot (pkg/hooks/fileev Config.ReadGen; bpf/ftrace.c's struct
+ * ft_gen is this map's layout). So the two programs see one counter.
  *
  * The file tracer adds one, after the record of the syscall is in the
  * ring buffer, for every traced syscall that can raise what the agent has

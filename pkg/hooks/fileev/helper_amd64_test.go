@@ -46,6 +46,8 @@ func runHelper(script string) int {
 		err = helperBench(in, false)
 	case "readloop":
 		err = helperReadLoop(in)
+	case "migrate":
+		err = helperMigrate()
 	default:
 		err = fmt.Errorf("unknown script %q", script)
 	}

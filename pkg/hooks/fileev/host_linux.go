@@ -65,6 +65,10 @@ var progNames = map[string][][2]string{
 		{"ft_fork_raw", "sched_process_fork"}, {"ft_pexit_raw", "sched_process_exit"}},
 }
 
+// unusedInflight names, per mechanism, the in-flight map its programs do
+// not use.
+var unusedInflight = map[string]string{MechTPBTF: "ft_inflight", MechRawTP: "ft_task"}
+
 // loadHost loads the programs of mech and their maps and attaches them.
 // Nothing is traced until a slot's targets are added.
 func loadHost(mech string) (_ *host, err error) {
@@ -81,6 +85,10 @@ func loadHost(mech string) (_ *host, err error) {
 			delete(spec.Programs, name)
 		}
 	}
+	// The syscalls in flight: task-local storage for tp_btf, a hash map
+	// by thread id for raw_tracepoint; the other mechanism's map is not
+	// created (a kernel without BTF-typed tracing may lack task storage).
+	delete(spec.Maps, unusedInflight[mech])
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
