@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/capture"
 )
 
@@ -208,3 +209,33 @@ func FindRun(workStateRoot, run, sandbox string) (RunInfo, error) {
 	}
 	return RunInfo{}, fmt.Errorf("audit: %d runs begin with %q: give more of the id", len(found), run)
 }
+
+// LabelRecord is the decision log's record (audit.jsonl, type "label")
+// of the label a commit-point decision gives its path, written after the
+// decision (Seq) it belongs to: its basis, and, when the staged content
+// was not proved, why not. Basis "image": the staged file holds exactly
+// what its decided writes produced (the file channel's image), and the
+// path keeps the label those writes gave it. Basis "read": it is
+// labelled with the read label at the commit point (joined with the
+// location's earlier label); Unproved says why (LabelBasis*). Label is
+// the location's label after the decision (the read label while it is
+// held), LevelName its level as the policy names it. Records of other
+// types ignore this one; its fields are only ever added to.
+type LabelRecord struct {
+	Type      string        `json:"type"` // "label"
+	Time      time.Time     `json:"time"`
+	Run       string        `json:"run"`
+	Seq       uint64        `json:"seq"`
+	Op        string        `json:"op"`
+	Path      string        `json:"path"`
+	Basis     string        `json:"basis"`
+	Unproved  string        `json:"unproved,omitempty"`
+	Label     *decide.Label `json:"label,omitempty"`
+	LevelName string        `json:"level_name,omitempty"`
+}
+
+// The bases of a LabelRecord.
+const (
+	LabelBasisImage = "image"
+	LabelBasisRead  = "read"
+)

@@ -317,9 +317,6 @@ func (fc *fileChannel) noteUnseen(r *fileev.Record) {
 	}
 }
 
-// renameExchange is renameat2's RENAME_EXCHANGE.
-const renameExchange = 0x2
-
 // followUnseen finds the unseen paths at or below from; with to, it marks
 // each at its place below to; with drop, it forgets them under from. It
 // returns what it found. fc.mu is held.
@@ -627,10 +624,18 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			// produced keeps the label they gave it; anything else is
 			// labelled with what the agent has read by now.
 			fc.mu.Lock()
-			img, ok := fc.images.imageOf(c)
+			img, why := fc.images.proof(c)
 			fc.mu.Unlock()
-			ev.WrittenAsDecided = ok && holdsExactly(fc.st, c, img)
-			fc.propose(ctx, ev)
+			if why == "" {
+				why = holdsExactly(fc.st, c, img)
+			}
+			ev.WrittenAsDecided = why == ""
+			_, labelled := fc.d.engine.LocationLabel(c.Path)
+			if ev.WrittenAsDecided && !labelled {
+				why = whyNoLabel
+			}
+			dec := fc.propose(ctx, ev)
+			fc.auditLabel(dec, c, why)
 			fc.noteStaged(c)
 			state = fc.state(c.Path)
 		}
@@ -677,6 +682,25 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 		res, err := fc.st.Abort(ctx, abort)
 		fc.finish(abort, res, err, false)
 	}
+}
+
+// auditLabel writes the basis of the label the commit-point decision dec
+// gives c's path to the audit log (LabelRecord): proved by its image
+// (why is empty), or the read label, and why it was not proved.
+func (fc *fileChannel) auditLabel(dec decide.Decision, c staging.Change, why string) {
+	if fc.d.audit == nil {
+		return
+	}
+	rec := LabelRecord{Type: "label", Time: time.Now().UTC(), Run: fc.st.RunID(), Seq: dec.Seq, Op: c.Op.EventOp(),
+		Path: c.Path, Basis: LabelBasisImage, Unproved: why}
+	if why != "" {
+		rec.Basis = LabelBasisRead
+	}
+	if lb, ok := fc.d.engine.LocationLabel(c.Path); ok {
+		rec.Label = &lb
+		rec.LevelName = fc.d.engine.Policy().LevelName(lb.Level)
+	}
+	fc.d.auditRecord(rec)
 }
 
 // fieldValueOf returns the value of ev's first field named name.
@@ -859,6 +883,9 @@ func (fc *fileChannel) finish(changes []staging.Change, res *staging.Result, err
 			continue
 		}
 		delete(fc.paths, c.Path)
+		if !commit {
+			fc.images.aborted(c.Path)
+		}
 		if commit {
 			fc.committed = append(fc.committed, c.Path)
 			fc.commits++

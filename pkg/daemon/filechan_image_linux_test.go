@@ -182,6 +182,19 @@ func proved(sum *Summary, released bool) bool {
 // and the agent posts once report.md is committed.
 func runImage(t *testing.T, mode string) (*Summary, *world, string) {
 	t.Helper()
+	existing := ""
+	if mode == "existing" {
+		existing = "last week's report\n"
+	}
+	sum, w, log, _ := runImageAgent(t, mode, imageAgent, existing)
+	return sum, w, log
+}
+
+// runImageAgent runs agent (imageAgent's protocol) in mode, with
+// report.md in W holding existing if it is not empty; it also returns
+// the run's state directory (its audit log).
+func runImageAgent(t *testing.T, mode, agent, existing string) (*Summary, *world, string, string) {
+	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireTool(t, "python3")
 	w := newWorld(t, 171)
@@ -192,8 +205,8 @@ func runImage(t *testing.T, mode string) (*Summary, *world, string) {
 	if err := os.WriteFile(filepath.Join(work, "certs", "service.pem"), []byte("-----BEGIN PRIVATE KEY-----\n"+imageSecret+"\n-----END PRIVATE KEY-----\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if mode == "existing" {
-		if err := os.WriteFile(filepath.Join(work, "report.md"), []byte("last week's report\n"), 0o644); err != nil {
+	if existing != "" {
+		if err := os.WriteFile(filepath.Join(work, "report.md"), []byte(existing), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -226,8 +239,9 @@ func runImage(t *testing.T, mode string) (*Summary, *world, string) {
 			}
 		}
 	}
-	script := fmt.Sprintf("MODE = %q\nREPORT = %q.encode()\n", mode, imageReport) + imageAgent
-	cfg := Config{ID: testutil.UniqueName("i"), StateDir: t.TempDir(), Policy: pol, PolicyPath: "image.yaml",
+	script := fmt.Sprintf("MODE = %q\nREPORT = %q.encode()\n", mode, imageReport) + agent
+	state := t.TempDir()
+	cfg := Config{ID: testutil.UniqueName("i"), StateDir: state, Policy: pol, PolicyPath: "image.yaml",
 		Workdir: work, Task: "Write report.md and post it to http://api.example.com/reports",
 		Argv: []string{"/usr/bin/python3", "-c", script}, UID: sandboxUID, GID: sandboxUID,
 		Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}},
@@ -250,5 +264,5 @@ func runImage(t *testing.T, mode string) (*Summary, *world, string) {
 		t.Fatalf("the agent never posted\n%s", log)
 	}
 	t.Logf("run took %v", time.Since(start))
-	return sum, w, log
+	return sum, w, log, filepath.Join(state, "sandboxes", cfg.ID)
 }

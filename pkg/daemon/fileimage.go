@@ -24,28 +24,75 @@ const maxImage = 1 << 20
 // the file's content is what those decisions saw, and the label they
 // gave the location covers it (decide.Event.WrittenAsDecided).
 //
+// A rename (renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE included)
+// within M carries the images at and below its source to their new
+// names: a rename changes no file's content, link count or mappings, so
+// what proved the content under its old name proves it under the new
+// one (a temporary file written, then renamed over its target: sed -i,
+// Python's tempfile and os.replace, git's index.lock). The target's old
+// images are dropped; an exchange swaps both sides'. The label the
+// engine gives the new name at the rename joins the read label of that
+// moment, which covers every write decided before it.
+//
 // An image is dropped by anything else that changes the file: a write
 // whose content was not captured whole, a copy into it, a truncate to a
-// non-zero size, a fallocate, a rename or link onto it or from it, a
-// removal, or an image grown past maxImage; a later truncation to empty
-// starts a new one (none of those leaves anything behind that could
-// change the file afterwards). A writable shared mapping of the file
-// leaves one that can: the path, and where a rename takes it, never has
-// an image again in this run, nor does any path once records were lost
-// or malformed (a lost record may be such a mapping, or a write).
+// non-zero size, a fallocate, a link onto it or from it, a rename onto
+// it from outside M, a removal, an abort of its staged change, or an
+// image grown past maxImage; a later truncation to empty starts a new
+// one (none of those leaves anything behind that could change the file
+// afterwards). A writable shared mapping of the file leaves one that
+// can: the path, and where a rename takes it, never has an image again
+// in this run, nor does any path once records were lost or malformed (a
+// lost record may be such a mapping, or a write). Each path without an
+// image keeps why its last one was dropped (why), for the audit.
 type fileImages struct {
 	img map[string][]byte // path -> its image
-	bad map[string]bool   // paths never imaged again in this run
-	off bool              // records were lost: no image any more
+	why map[string]string // path -> why it has no image (its last one dropped)
+	bad map[string]string // paths never imaged again in this run -> why
+	off string            // records were lost or malformed: no image any more, why
 }
+
+// Why a file has no image, as the audit says (basis "read").
+const (
+	whyNotNew     = "not created or emptied in this run"
+	whyUncaptured = "a write whose content was not captured whole"
+	whyCut        = "a write past the capture (cut)"
+	whyOverBound  = "an image past its bound (1 MiB)"
+	whyCopy       = "a copy into it"
+	whyTruncSize  = "a truncate to a non-zero size"
+	whyFallocate  = "a fallocate"
+	whyMapping    = "a writable shared mapping"
+	whyLink       = "a hard link"
+	whyRenamedIn  = "renamed in from outside the working directory"
+	whyRemoved    = "removed"
+	whyAborted    = "its staged change was aborted"
+	whyLoss       = "file records were lost"
+	whyMalformed  = "a malformed file record"
+	whySize       = "its staged size differs from its image"
+	whyContent    = "its staged content differs from its image"
+	whyLinkCount  = "its staged file has more than one link"
+	whyUnreadable = "its staged file could not be read"
+	whyNotFile    = "not a file's content"
+	whyNoLabel    = "no label for the location"
+)
+
+// Rename flags of renameat2.
+const (
+	renameNoreplace = 0x1
+	renameExchange  = 0x2
+	renameWhiteout  = 0x4
+)
 
 // note follows one record. fc.mu is held.
 func (fi *fileImages) note(r *fileev.Record) {
-	if fi.off {
+	if fi.off != "" {
 		return
 	}
 	if r.Kind == fileev.KindLoss || (r.Kind == fileev.KindSyscall && r.Malformed != "") {
-		fi.off, fi.img, fi.bad = true, nil, nil
+		fi.off, fi.img, fi.bad, fi.why = whyLoss, nil, nil, nil
+		if r.Kind != fileev.KindLoss {
+			fi.off = whyMalformed
+		}
 		return
 	}
 	if r.Kind != fileev.KindSyscall || r.Ret < 0 {
@@ -68,91 +115,201 @@ func (fi *fileImages) note(r *fileev.Record) {
 			return
 		}
 		end := r.Offset + int64(len(r.Content))
-		if !r.ContentCaptured || r.ContentTruncated || r.ContentErr != "" || int64(len(r.Content)) != r.Ret ||
-			r.Offset < 0 || end > maxImage {
-			delete(fi.img, r.Path)
-			return
+		switch {
+		case r.ContentTruncated:
+			fi.lose(r.Path, whyCut)
+		case !r.ContentCaptured || r.ContentErr != "" || int64(len(r.Content)) != r.Ret || r.Offset < 0:
+			fi.lose(r.Path, whyUncaptured)
+		case end > maxImage:
+			fi.lose(r.Path, whyOverBound)
+		default:
+			if end > int64(len(b)) {
+				b = append(b, make([]byte, end-int64(len(b)))...)
+			}
+			copy(b[r.Offset:], r.Content)
+			fi.img[r.Path] = b
 		}
-		if end > int64(len(b)) {
-			b = append(b, make([]byte, end-int64(len(b)))...)
-		}
-		copy(b[r.Offset:], r.Content)
-		fi.img[r.Path] = b
 	case fileev.OpTruncate:
 		if r.InRoot {
 			if r.Length == 0 {
 				fi.start(r.Path)
 			} else {
-				delete(fi.img, r.Path)
+				fi.lose(r.Path, whyTruncSize)
 			}
 		}
 	case fileev.OpFallocate:
 		if r.InRoot {
-			delete(fi.img, r.Path)
+			fi.lose(r.Path, whyFallocate)
 		}
 	case fileev.OpCopy:
 		if r.InRoot2 {
-			delete(fi.img, r.Path2)
+			fi.lose(r.Path2, whyCopy)
 		}
 	case fileev.OpMmap:
 		const protWrite, mapShared = 0x2, 0x1
 		if r.InRoot && r.Mode&protWrite != 0 && r.Flags&mapShared != 0 {
-			delete(fi.img, r.Path)
-			fi.mark(r.Path)
+			fi.lose(r.Path, whyMapping)
+			fi.mark(r.Path, whyMapping)
 		}
 	case fileev.OpUnlink, fileev.OpRmdir:
 		if r.InRoot {
-			fi.drop(r.Path)
+			fi.drop(r.Path, whyRemoved)
 		}
-	case fileev.OpRename, fileev.OpLink:
-		// The names involved hold other content now, or share it with
-		// another name: no image for either. What could still change
-		// the content (a mapping) goes with it.
+	case fileev.OpRename:
+		fi.rename(r)
+	case fileev.OpLink:
+		// The two names share the content now: no image for either.
+		// What could still change the content (a mapping) goes with it.
 		if r.InRoot {
-			fi.drop(r.Path)
+			fi.drop(r.Path, whyLink)
 		}
 		if r.InRoot2 {
-			fi.drop(r.Path2)
+			fi.drop(r.Path2, whyLink)
 		}
 		switch {
 		case !r.InRoot2:
 		case !r.InRoot:
-			fi.mark(r.Path2) // from outside M: its mappings are not known
+			fi.mark(r.Path2, whyRenamedIn) // from outside M: its mappings are not known
 		default:
-			bad := keysUnder(fi.bad, r.Path)
-			if r.Op == fileev.OpRename && r.Flags&renameExchange != 0 {
-				for _, p := range keysUnder(fi.bad, r.Path2) {
-					fi.mark(r.Path + p[len(r.Path2):])
-				}
-			}
-			for _, p := range bad {
-				fi.mark(r.Path2 + p[len(r.Path):])
-			}
+			fi.follow(keysUnder(fi.bad, r.Path), r.Path, r.Path2)
 		}
 	}
 }
 
+// rename follows a rename: the images (and why the names have none, and
+// the paths never imaged again) at and below the source go to their new
+// names; those at and below the target are dropped, or, for an
+// exchange, go to the source's names. A rename with a flag it does not
+// know, or from outside M, carries nothing (its target's images are
+// dropped).
+func (fi *fileImages) rename(r *fileev.Record) {
+	exchange := r.Flags&renameExchange != 0
+	known := r.Flags&^uint64(renameNoreplace|renameExchange|renameWhiteout) == 0
+	type moved struct {
+		img []byte
+		has bool
+		why string
+	}
+	take := func(root string) map[string]moved {
+		out := map[string]moved{}
+		for _, p := range keysUnder(fi.img, root) {
+			m := out[p[len(root):]]
+			m.img, m.has = fi.img[p], true
+			out[p[len(root):]] = m
+			delete(fi.img, p)
+		}
+		for _, p := range keysUnder(fi.why, root) {
+			m := out[p[len(root):]]
+			m.why = fi.why[p]
+			out[p[len(root):]] = m
+			delete(fi.why, p)
+		}
+		return out
+	}
+	var src, dst map[string]moved
+	if r.InRoot {
+		src = take(r.Path)
+	}
+	if r.InRoot2 {
+		dst = take(r.Path2)
+	}
+	put := func(root string, from map[string]moved) {
+		for rel, m := range from {
+			p := root + rel
+			if why, bad := fi.bad[p]; bad {
+				fi.setWhy(p, why)
+				continue
+			}
+			if m.has {
+				if fi.img == nil {
+					fi.img = map[string][]byte{}
+				}
+				fi.img[p] = m.img
+			} else if m.why != "" {
+				fi.setWhy(p, m.why)
+			}
+		}
+	}
+	switch {
+	case !r.InRoot2:
+		// Moved out of M: nothing of it is staged here any more.
+	case !r.InRoot:
+		fi.setWhy(r.Path2, whyRenamedIn)
+		fi.mark(r.Path2, whyRenamedIn) // from outside M: its mappings are not known
+	case !known:
+		fi.setWhy(r.Path2, "a rename with unknown flags")
+		if exchange {
+			fi.setWhy(r.Path, "a rename with unknown flags")
+		}
+	default:
+		bad := keysUnder(fi.bad, r.Path)
+		if exchange {
+			fi.follow(keysUnder(fi.bad, r.Path2), r.Path2, r.Path)
+		}
+		fi.follow(bad, r.Path, r.Path2)
+		put(r.Path2, src)
+		if exchange {
+			put(r.Path, dst)
+		}
+	}
+}
+
+// follow marks, for each path of bad at or below from, its place below to
+// as never imaged again.
+func (fi *fileImages) follow(bad []string, from, to string) {
+	for _, p := range bad {
+		fi.mark(to+p[len(from):], fi.bad[p])
+	}
+}
+
 func (fi *fileImages) start(path string) {
-	if fi.bad[path] {
+	if _, bad := fi.bad[path]; bad {
 		return
 	}
 	if fi.img == nil {
 		fi.img = map[string][]byte{}
 	}
 	fi.img[path] = fi.img[path][:0]
+	delete(fi.why, path)
 }
 
-func (fi *fileImages) mark(path string) {
-	if fi.bad == nil {
-		fi.bad = map[string]bool{}
+// lose drops path's image, if it has one, for why.
+func (fi *fileImages) lose(path, why string) {
+	if _, ok := fi.img[path]; ok {
+		delete(fi.img, path)
+		fi.setWhy(path, why)
 	}
-	fi.bad[path] = true
 }
 
-// drop forgets the images at and below path.
-func (fi *fileImages) drop(path string) {
+func (fi *fileImages) setWhy(path, why string) {
+	if fi.why == nil {
+		fi.why = map[string]string{}
+	}
+	fi.why[path] = why
+}
+
+func (fi *fileImages) mark(path, why string) {
+	if fi.bad == nil {
+		fi.bad = map[string]string{}
+	}
+	if _, ok := fi.bad[path]; !ok {
+		fi.bad[path] = why
+	}
+}
+
+// drop forgets the images at and below path, for why.
+func (fi *fileImages) drop(path, why string) {
 	for _, p := range keysUnder(fi.img, path) {
 		delete(fi.img, p)
+		fi.setWhy(p, why)
+	}
+}
+
+// aborted forgets path's image: its staged change was aborted (the
+// merged view no longer holds what the image says).
+func (fi *fileImages) aborted(path string) {
+	if fi.off == "" {
+		fi.drop(path, whyAborted)
 	}
 }
 
@@ -170,36 +327,61 @@ func keysUnder[V any](m map[string]V, path string) []string {
 // imageOf returns a copy of the image of the staged change c's path,
 // if it has one of c's size: a created or written file. fc.mu is held.
 func (fi *fileImages) imageOf(c staging.Change) ([]byte, bool) {
-	if fi.off || c.Type != staging.TypeFile || (c.Op != staging.OpCreate && c.Op != staging.OpWrite) || fi.bad[c.Path] {
-		return nil, false
-	}
-	b, ok := fi.img[c.Path]
-	if !ok || int64(len(b)) != c.Size {
-		return nil, false
-	}
-	return bytes.Clone(b), true
+	img, why := fi.proof(c)
+	return img, why == ""
 }
 
-// holdsExactly reports whether the staged change c holds img, whole:
-// its staged file, read to the end with the scanned digest checked
-// (Stager.OpenStaged: the entry the staging decision saw), is img, and
-// it has one link (no other name can change its content).
-func holdsExactly(st *staging.Stager, c staging.Change, img []byte) bool {
+// proof returns a copy of the image of the staged change c's path if it
+// has one of c's size (a created or written file), else why not. fc.mu
+// is held.
+func (fi *fileImages) proof(c staging.Change) ([]byte, string) {
+	if c.Type != staging.TypeFile || (c.Op != staging.OpCreate && c.Op != staging.OpWrite) {
+		return nil, whyNotFile
+	}
+	if fi.off != "" {
+		return nil, fi.off
+	}
+	if why, bad := fi.bad[c.Path]; bad {
+		return nil, why
+	}
+	b, ok := fi.img[c.Path]
+	switch {
+	case !ok && fi.why[c.Path] != "":
+		return nil, fi.why[c.Path]
+	case !ok:
+		return nil, whyNotNew
+	case int64(len(b)) != c.Size:
+		return nil, whySize
+	}
+	return bytes.Clone(b), ""
+}
+
+// holdsExactly reports why the staged change c does not hold img,
+// whole, or "" when it does: its staged file, read to the end with the
+// scanned digest checked (Stager.OpenStaged: the entry the staging
+// decision saw), is img, and it has one link (no other name can change
+// its content).
+func holdsExactly(st *staging.Stager, c staging.Change, img []byte) string {
 	if !singleLink(st.Layout().Upper, c.Path) {
-		return false
+		return whyLinkCount
 	}
 	r, err := st.OpenStaged(c)
 	if err != nil {
-		return false
+		return whyUnreadable
 	}
 	defer r.Close()
 	got, err := io.ReadAll(io.LimitReader(r, int64(len(img))+1))
-	if err != nil || !bytes.Equal(got, img) {
-		return false
+	switch {
+	case err != nil:
+		return whyUnreadable
+	case !bytes.Equal(got, img):
+		return whyContent
 	}
 	// At the end: the reader checks the digest there.
-	_, err = r.Read(make([]byte, 1))
-	return err == io.EOF
+	if _, err = r.Read(make([]byte, 1)); err != io.EOF {
+		return whyContent
+	}
+	return ""
 }
 
 // singleLink reports whether the staged file at rel below the upper
