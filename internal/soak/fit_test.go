@@ -1,0 +1,38 @@
+package soak
+
+import (
+	"math"
+	"testing"
+)
+
+func TestLinearFit(t *testing.T) {
+	// y = 3 + 2x exactly: slope 2, no error.
+	x := []float64{1, 2, 3, 4, 5}
+	y := []float64{5, 7, 9, 11, 13}
+	f, err := LinearFit(x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(f.Slope-2) > 1e-12 || math.Abs(f.Intercept-3) > 1e-12 || f.SlopeSE > 1e-12 || !f.Grows() {
+		t.Fatalf("exact line: %+v", f)
+	}
+	// Residuals +1,-1,+1,-1,... around y = 10: slope ~0 with a standard
+	// error a textbook computes: s^2 = SSR/(n-2), se = sqrt(s^2/Sxx).
+	x = []float64{1, 2, 3, 4}
+	y = []float64{11, 9, 11, 9}
+	f, err = LinearFit(x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// slope = Sxy/Sxx = (-1.5*1 + -0.5*-1 + 0.5*1 + 1.5*-1)/5 = -0.4
+	// residuals: 11-(10.5-0.4) ... SSR = 3.2, s^2 = 1.6, se = sqrt(1.6/5)
+	if math.Abs(f.Slope+0.4) > 1e-12 || math.Abs(f.SlopeSE-math.Sqrt(1.6/5)) > 1e-12 || f.Grows() {
+		t.Fatalf("noisy flat line: %+v", f)
+	}
+	if _, err := LinearFit([]float64{1, 1}, []float64{1, 2}); err == nil {
+		t.Fatal("constant x: no error")
+	}
+	if _, err := LinearFit([]float64{1}, []float64{1}); err == nil {
+		t.Fatal("one point: no error")
+	}
+}
