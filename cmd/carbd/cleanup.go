@@ -60,7 +60,7 @@ func runCleanup(_ context.Context, e *env, args []string) error {
 	rep := cleanupReport{}
 	if *remove {
 		for _, s := range h.Sandboxes {
-			if s.State == "live" || (s.State == "ended" && len(s.Resources) == 0) {
+			if s.State == "live" || s.State == "ended" && !hasLockFile(s) {
 				continue
 			}
 			fails := daemon.RemoveLeftovers(s)
@@ -163,6 +163,15 @@ func writeCleanup(w io.Writer, rep cleanupReport, removed bool) {
 func hasKeptOnly(s *daemon.SandboxLeftovers) bool {
 	for _, r := range s.Resources {
 		if r.Kind != daemon.ResIDLock {
+			return true
+		}
+	}
+	return false
+}
+
+func hasLockFile(s *daemon.SandboxLeftovers) bool {
+	for _, r := range s.Resources {
+		if r.Kind == daemon.ResIDLock {
 			return true
 		}
 	}
