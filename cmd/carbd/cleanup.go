@@ -42,7 +42,7 @@ func runCleanup(_ context.Context, e *env, args []string) error {
 	remove := fs.Bool("remove", false, "remove the stale sandboxes' resources (never a live one's, never a working directory's state)")
 	var ids, stateDirs stringList
 	fs.Var(&ids, "id", "only the sandbox `id` (repeatable)")
-	fs.Var(&stateDirs, "state-dir", "a runs' state `directory` (repeatable; default "+daemon.DefaultStateDir+")")
+	fs.Var(&stateDirs, "state-dir", "a run's state `directory` (repeatable; default "+daemon.DefaultStateDir+")")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

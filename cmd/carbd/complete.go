@@ -233,7 +233,7 @@ func writeMan(w io.Writer, docs []cmdDoc) {
 			fmt.Fprintln(w, u)
 		}
 	}
-	fmt.Fprintln(w, ".SH EXIT STATUS\n0 on success, 1 on an error, 2 on a usage mistake; \\fBcarbd run\\fR exits with the agent's status.")
+	fmt.Fprintln(w, ".SH EXIT STATUS\n0 on success, 1 on an error, 2 on a usage mistake; \\fBcarbd run\\fR exits with the agent's status; \\fBcarbd cleanup\\fR exits with 1 when something stale is left or a removal failed.")
 	fmt.Fprintln(w, ".SH FILES\n.TP\n/run/carbd\nsockets of running sandboxes\n.TP\n/var/lib/carbd\nstate of working directories: committed labels, journals, conflicts")
 	fmt.Fprintln(w, ".SH SEE ALSO\nThe documents under docs/ in carbd's source: policy, operator's guide, staging, interception.")
 }

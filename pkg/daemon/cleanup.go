@@ -511,6 +511,11 @@ func RemoveLeftovers(s *SandboxLeftovers) []RemovalFailure {
 	}
 	unlock, err := claimID(IndexDir, s.ID)
 	if err != nil {
+		if locks, lerr := heldFlocks(); lerr == nil {
+			if _, held := locks[lockKey(filepath.Join(IndexDir, "id-"+s.ID+".lock"))]; held {
+				return nil // a run took the id since the scan: live, not ours
+			}
+		}
 		fail(ResIDLock, err)
 		return fails
 	}
