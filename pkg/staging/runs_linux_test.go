@@ -550,3 +550,61 @@ func TestDiscardLeavesNothing(t *testing.T) {
 	}
 	r.end(nil)
 }
+
+// The labels of paths W lost between runs (the user removed them; a git
+// gc on the host packed the agent's loose objects) are forgotten when the
+// next run builds its base, and the index shrinks; a path W still has, a
+// path the user recreated beside a removed sibling, and a file whose
+// parent the user replaced with a file keep or lose theirs as W says.
+// Kept, such labels grew the index (rewritten whole at every commit) by
+// every path an agent ever wrote (docs/soak.md).
+func TestLabelsOfRemovedPathsForgotten(t *testing.T) {
+	r := newRunsEnv(t, nil)
+	r.start()
+	for _, p := range []string{"keep.txt", "gone.txt", "d/gone.txt", "d/kept.txt", "e/f.txt"} {
+		must(t, os.MkdirAll(filepath.Dir(filepath.Join(r.M, p)), 0o755))
+		writeFile(t, filepath.Join(r.M, p), p, 0o644)
+		must(t, r.st.Stage(p, labelOf(2)))
+	}
+	r.commit()
+	r.end(nil)
+	indexSize := func() int64 {
+		fi, err := os.Stat(filepath.Join(r.cfg.StateDir, "index"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	before := indexSize()
+	// The user, between runs: removes two files, replaces directory e
+	// by a file (e/f.txt is then ENOTDIR).
+	must(t, os.Remove(filepath.Join(r.W, "gone.txt")))
+	must(t, os.Remove(filepath.Join(r.W, "d", "gone.txt")))
+	must(t, os.RemoveAll(filepath.Join(r.W, "e")))
+	writeFile(t, filepath.Join(r.W, "e"), "the user's file", 0o644)
+	r.start()
+	if !r.st.Fresh() {
+		t.Fatal("not a fresh base")
+	}
+	got := map[string]bool{}
+	for _, p := range []string{"keep.txt", "gone.txt", "d/gone.txt", "d/kept.txt", "e/f.txt", "e"} {
+		_, got[p] = r.st.Labels().Committed(p)
+	}
+	want := map[string]bool{"keep.txt": true, "d/kept.txt": true, "gone.txt": false, "d/gone.txt": false, "e/f.txt": false, "e": false}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("committed labels after the user's removals (-want +got):\n%s", d)
+	}
+	if after := indexSize(); after >= before {
+		t.Fatalf("the index did not shrink: %d bytes before, %d after", before, after)
+	}
+	r.end(nil)
+	// And they stay forgotten after a restart (the index on disk).
+	r.start()
+	if _, ok := r.st.Labels().Committed("gone.txt"); ok {
+		t.Fatal("gone.txt's label came back")
+	}
+	if _, ok := r.st.Labels().Committed("keep.txt"); !ok {
+		t.Fatal("keep.txt lost its label")
+	}
+	r.end(nil)
+}

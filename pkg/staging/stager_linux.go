@@ -688,6 +688,14 @@ func (s *Stager) loadIndex() (map[string]indexEntry, error) {
 // built: what earlier runs created and W still has is in the new base;
 // what W lost since is not the agent's to remove. A path is marked
 // created again when a commit of this run creates it.
+//
+// It also forgets the labels of paths W no longer has (the user removed
+// them, or a git gc on the host packed the loose objects the agent
+// wrote): a label lives as long as its location, a new entry at the path
+// takes its pending label alone, and every commit rewrites the whole
+// index, so such entries only made each commit slower, run after run
+// (docs/soak.md). A path W still has, or one that cannot be looked at,
+// keeps its label.
 func (s *Stager) resetCreated(idx map[string]indexEntry) (map[string]indexEntry, error) {
 	changed := false
 	out := make(map[string]indexEntry, len(idx))
@@ -696,9 +704,16 @@ func (s *Stager) resetCreated(idx map[string]indexEntry) (map[string]indexEntry,
 			changed = true
 			e.Created = false
 		}
-		if e.HasLabel {
-			out[p] = e
+		if !e.HasLabel {
+			continue
 		}
+		if p != "" && p != "." {
+			if err := unix.Fstatat(s.wfd, p, new(unix.Stat_t), unix.AT_SYMLINK_NOFOLLOW); errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+				changed = true
+				continue
+			}
+		}
+		out[p] = e
 	}
 	if !changed {
 		return idx, nil
