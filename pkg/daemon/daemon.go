@@ -85,6 +85,11 @@ type Config struct {
 	// AuditPath gets the JSON-lines decision log (also kept in the
 	// sandbox's state directory).
 	AuditPath string
+	// AuditLogMaxBytes: a run that finds the decision log of the
+	// sandbox's state directory this big starts it afresh, the previous
+	// one kept as audit.jsonl.1 (0: DefaultAuditLogMaxBytes; negative:
+	// never).
+	AuditLogMaxBytes int64
 	// Pcap, when set, is the file the run's pcapng audit is streamed to
 	// (mode 0600); empty: <WorkStateDir>/runs/<run>/audit.pcapng.
 	Pcap string
@@ -382,9 +387,9 @@ func (d *daemon) setup(ctx context.Context) error {
 	d.onClose(unlock)
 
 	// The decision engine and its audit log.
-	auditF, err := os.OpenFile(filepath.Join(d.dir, "audit.jsonl"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	auditF, err := openAuditLog(d.dir, d.cfg.AuditLogMaxBytes)
 	if err != nil {
-		return fmt.Errorf("audit log: %w", err)
+		return err
 	}
 	d.onClose(auditF.Close)
 	var audit io.Writer = auditF
