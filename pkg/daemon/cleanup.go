@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -396,8 +397,14 @@ func stagingMounts() ([]stagingMount, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return parseStagingMounts(f)
+}
+
+// parseStagingMounts reads a mountinfo table (proc(5)) for the overlays
+// mounted at <state>/sandboxes/<id>/merged.
+func parseStagingMounts(r io.Reader) ([]stagingMount, error) {
 	var out []stagingMount
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -408,13 +415,14 @@ func stagingMounts() ([]stagingMount, error) {
 				break
 			}
 		}
-		if sep < 0 || len(fields) < 5 || sep+1 >= len(fields) || fields[sep+1] != "overlay" {
+		if sep < 5 || sep+1 >= len(fields) || fields[sep+1] != "overlay" {
 			continue
 		}
 		point := unescapeOctal(fields[4])
-		if filepath.Base(point) != "merged" {
+		if !filepath.IsAbs(point) || filepath.Base(point) != "merged" {
 			continue
 		}
+		point = filepath.Clean(point)
 		sbDir := filepath.Dir(point)
 		if filepath.Base(filepath.Dir(sbDir)) != "sandboxes" {
 			continue
@@ -446,11 +454,16 @@ func heldFlocks() (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseFlocks(b), nil
+}
+
+// parseFlocks reads /proc/locks (proc(5)): "1: FLOCK  ADVISORY  WRITE
+// 1234 00:1a:5678 0 EOF" for each lock held; a waiter's line has "->"
+// after the number and is skipped.
+func parseFlocks(b []byte) map[string]int {
 	out := map[string]int{}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		// "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; a waiter's
-		// line has "->" after the number.
 		if len(f) < 6 || f[1] != "FLOCK" {
 			continue
 		}
@@ -460,7 +473,7 @@ func heldFlocks() (map[string]int, error) {
 		}
 		out[f[5]] = pid
 	}
-	return out, nil
+	return out
 }
 
 // lockKey is a file's "MAJ:MIN:INO" as /proc/locks shows it ("" if it

@@ -1,0 +1,87 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/carbd/carbd/internal/testutil"
+	"github.com/carbd/carbd/pkg/hooks/fileev"
+)
+
+// An id whose lock is held is live, whoever scans; a removal of an id a
+// run took since the scan leaves everything in place; once the lock is
+// free the same removal removes the cgroup and the lock file, and a run
+// can take the id again.
+func TestCleanupRespectsTheIDLock(t *testing.T) {
+	testutil.RequireRoot(t)
+	id := testutil.UniqueName("k")
+	cg, err := fileev.NewCgroup("carbd-" + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cg.Remove() })
+	if err := os.MkdirAll(IndexDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := claimID(IndexDir, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockFile := filepath.Join(IndexDir, "id-"+id+".lock")
+	t.Cleanup(func() { _ = os.Remove(lockFile) })
+
+	h, err := ScanHost(CleanupOptions{IDs: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Sandboxes) != 1 || h.Sandboxes[0].State != "live" || h.Sandboxes[0].Pid != os.Getpid() {
+		t.Fatalf("scan with the id's lock held: %+v; want it live, pid %d", h.Sandboxes, os.Getpid())
+	}
+	// As if scanned stale before the run took the id.
+	s := *h.Sandboxes[0]
+	s.State = "stale"
+	if fails := RemoveLeftovers(&s); len(fails) != 0 {
+		t.Errorf("removal of an id taken since the scan: %+v; want it left alone", fails)
+	}
+	if _, err := os.Stat(cg.Path); err != nil {
+		t.Fatalf("the live id's cgroup: %v", err)
+	}
+	if err := unlock(); err != nil {
+		t.Fatal(err)
+	}
+
+	h, err = ScanHost(CleanupOptions{IDs: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Sandboxes) != 1 || h.Sandboxes[0].State != "stale" {
+		t.Fatalf("scan with the lock free: %+v; want it stale", h.Sandboxes)
+	}
+	if fails := RemoveLeftovers(h.Sandboxes[0]); len(fails) != 0 {
+		t.Fatalf("removal: %+v", fails)
+	}
+	if _, err := os.Stat(cg.Path); !os.IsNotExist(err) {
+		t.Errorf("the stale id's cgroup after removal: %v", err)
+	}
+	if _, err := os.Stat(lockFile); !os.IsNotExist(err) {
+		t.Errorf("the stale id's lock file after removal: %v", err)
+	}
+	// The id is free for a run, whose lock is the file at the path.
+	again, err := claimID(IndexDir, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again()
+	locks, err := heldFlocks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pid, ok := locks[lockKey(lockFile)]; !ok || pid != os.Getpid() {
+		t.Errorf("the new run's lock: held %v by %d", ok, pid)
+	}
+	if _, err := claimID(IndexDir, id); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("a second claim while the new run holds the id: %v", err)
+	}
+}
