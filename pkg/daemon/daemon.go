@@ -412,7 +412,7 @@ func (d *daemon) setup(ctx context.Context) error {
 	d.onClose(fc.close)
 	labels := fc.st.Labels()
 	d.audit = &lockedWriter{w: audit}
-	opt := decide.Options{Oracle: stoppableOracle{Oracle: d.cfg.Oracle, stopping: d.stopping}, Audit: d.audit, OracleTimeout: 5 * time.Minute,
+	opt := decide.Options{Oracle: stoppableOracle{Oracle: coveringOracle{Oracle: d.cfg.Oracle, d: d}, stopping: d.stopping}, Audit: d.audit, OracleTimeout: 5 * time.Minute,
 		LocationLabel: labels.Get}
 	if a := d.cfg.Calibration; a != nil {
 		c := a.Engine()

@@ -65,6 +65,7 @@ type fileChannel struct {
 	lost         map[string]bool     // staged paths found at a commit point after a loss, to decide again from the staging layer once
 	unshown      map[string][32]byte // path -> digest of a staged change too large for one event: kept staged, never decided or committed
 	images       fileImages          // files' content as their decided writes produced it (fileimage.go)
+	covered      map[uint64]string   // held staging decisions an oracle's approval of the same bytes covers -> the answer's justification (cover)
 	events       uint64
 	commits      uint64
 	aborts       uint64
@@ -84,11 +85,15 @@ type pathState struct {
 	staged bool
 	digest [32]byte
 	size   int64
+	// deferred are the reasons (Reason and Also) of the decisions on the
+	// path that the policy deferred, by their seq: what the oracle was
+	// asked about when it answered them (cover).
+	deferred map[uint64][]decide.Reason
 }
 
 func openFileChannel(d *daemon) (*fileChannel, error) {
 	fc := &fileChannel{d: d, paths: map[string]*pathState{}, conflicted: map[string][32]byte{}, refusedSeen: map[string]bool{},
-		unseen: map[string]bool{}, lost: map[string]bool{}, unshown: map[string][32]byte{}}
+		unseen: map[string]bool{}, lost: map[string]bool{}, unshown: map[string][32]byte{}, covered: map[uint64]string{}}
 	fc.merged = filepath.Join(d.dir, "merged")
 	if within(d.cfg.WorkStateDir, DefaultWorkStateRoot) {
 		// Searchable by W's owner, who takes the agent's versions of
@@ -487,7 +492,96 @@ func (fc *fileChannel) propose(ctx context.Context, ev decide.Event) decide.Deci
 		fc.d.applyResolution(&res.Resolutions[i])
 	}
 	fc.note(res.Decision)
+	if d := res.Decision; d.Verdict == decide.Defer && d.Event != nil && d.Event.Ch == decide.ChanFile {
+		fc.mu.Lock()
+		if ps := fc.paths[d.Event.Obj]; ps != nil {
+			if ps.deferred == nil {
+				ps.deferred = map[uint64][]decide.Reason{}
+			}
+			ps.deferred[d.Seq] = append([]decide.Reason{d.Reason}, d.Also...)
+		}
+		fc.mu.Unlock()
+	}
 	return res.Decision
+}
+
+// cover decides whether an oracle's earlier approval covers dec, the
+// held staging decision of the change c, whose staged content its image
+// proved to be exactly what the path's decided writes produced: then the
+// oracle is not asked again about the same bytes (coveringOracle answers
+// for it). It covers when ps, the path's decisions before dec, all ended
+// released, at least one by the oracle, the path has no user.*
+// attribute set since its last commit (the traced setxattr shows only
+// its name), its image was built on this path (not carried by a rename:
+// its writes were decided on another), and every reason dec was deferred
+// for (its code, rule, field, role, level, clearance, party and token;
+// not the value: a region then, the whole file now) is a reason the
+// oracle approved in one of them. Otherwise the oracle is asked, as
+// before: a reason that only the whole file shows (a token split across
+// two writes) is asked about.
+func (fc *fileChannel) cover(dec decide.Decision, c staging.Change, ps *pathState) {
+	if ps == nil {
+		return
+	}
+	fc.mu.Lock()
+	if fc.images.moved[c.Path] || ps.ops["file:setxattr"] {
+		fc.mu.Unlock()
+		return
+	}
+	seqs := make([]uint64, 0, len(ps.seqs))
+	deferred := map[uint64][]decide.Reason{}
+	for _, s := range ps.seqs {
+		if s != dec.Seq {
+			seqs = append(seqs, s)
+			deferred[s] = ps.deferred[s]
+		}
+	}
+	fc.mu.Unlock()
+	type reasonKey struct{ code, rule, field, role, level, clearance, party, token string }
+	key := func(r decide.Reason) reasonKey {
+		return reasonKey{r.Code, r.Rule, r.Field, r.Role.String(), r.Level, r.Clearance, r.Party, r.Token}
+	}
+	approved := map[reasonKey]bool{}
+	var by []string
+	fc.d.mu.Lock()
+	for _, s := range seqs {
+		f, ok := fc.d.final[s]
+		if !ok || f.Verdict != decide.Release {
+			fc.d.mu.Unlock()
+			return
+		}
+		if f.Layer == decide.LayerOracle {
+			for _, r := range deferred[s] {
+				approved[key(r)] = true
+			}
+			by = append(by, fmt.Sprintf("#%d", s))
+		}
+	}
+	fc.d.mu.Unlock()
+	if len(by) == 0 {
+		return
+	}
+	for _, r := range append([]decide.Reason{dec.Reason}, dec.Also...) {
+		if !approved[key(r)] {
+			return
+		}
+	}
+	fc.mu.Lock()
+	fc.covered[dec.Seq] = fmt.Sprintf("covered by the approval of %s: %q holds exactly the bytes they showed (proved by its image)", strings.Join(by, ", "), c.Path)
+	fc.mu.Unlock()
+}
+
+// takeCovered returns the justification of the approval that covers the
+// held decision seq (cover), and forgets it.
+func (fc *fileChannel) takeCovered(seq uint64) (string, bool) {
+	if fc == nil {
+		return "", false
+	}
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	why, ok := fc.covered[seq]
+	delete(fc.covered, seq)
+	return why, ok
 }
 
 // note records a decision (initial or final) against the paths it names.
@@ -636,6 +730,9 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 			}
 			dec := fc.propose(ctx, ev)
 			fc.auditLabel(dec, c, why)
+			if why == "" && dec.Verdict == decide.Defer {
+				fc.cover(dec, c, state)
+			}
 			fc.noteStaged(c)
 			state = fc.state(c.Path)
 		}

@@ -180,3 +180,18 @@ func TestRenameUncapturedUnproved(t *testing.T) {
 		t.Errorf("audit: report.md's last label record %+v, want basis %q, unproved %q, level secret", last, LabelBasisRead, whyCut)
 	}
 }
+
+// TestAuditLabelMapped: report.md stored through a shared mapping before
+// the key was read: the audit log says it was labelled with the read
+// label because of the mapping.
+func TestAuditLabelMapped(t *testing.T) {
+	_, _, out, dir := runImageAgent(t, "mmap", imageAgent, "")
+	labels := labelRecords(t, dir, "report.md")
+	if len(labels) == 0 {
+		t.Fatalf("audit: no label record of report.md\n%s", out)
+	}
+	last := labels[len(labels)-1]
+	if last.Basis != LabelBasisRead || last.Unproved != whyMapping || last.LevelName != "secret" || last.Seq == 0 || last.Run == "" {
+		t.Errorf("audit: report.md's last label record %+v, want basis %q, unproved %q, level secret", last, LabelBasisRead, whyMapping)
+	}
+}

@@ -50,6 +50,10 @@ type fileImages struct {
 	why map[string]string // path -> why it has no image (its last one dropped)
 	bad map[string]string // paths never imaged again in this run -> why
 	off string            // records were lost or malformed: no image any more, why
+	// moved are the paths whose image came through a rename: its writes
+	// were decided on another path (an operator's approval of them does
+	// not cover this one: see fileChannel.cover).
+	moved map[string]bool
 }
 
 // Why a file has no image, as the audit says (basis "read").
@@ -89,7 +93,7 @@ func (fi *fileImages) note(r *fileev.Record) {
 		return
 	}
 	if r.Kind == fileev.KindLoss || (r.Kind == fileev.KindSyscall && r.Malformed != "") {
-		fi.off, fi.img, fi.bad, fi.why = whyLoss, nil, nil, nil
+		fi.off, fi.img, fi.bad, fi.why, fi.moved = whyLoss, nil, nil, nil, nil
 		if r.Kind != fileev.KindLoss {
 			fi.off = whyMalformed
 		}
@@ -225,6 +229,10 @@ func (fi *fileImages) rename(r *fileev.Record) {
 					fi.img = map[string][]byte{}
 				}
 				fi.img[p] = m.img
+				if fi.moved == nil {
+					fi.moved = map[string]bool{}
+				}
+				fi.moved[p] = true
 			} else if m.why != "" {
 				fi.setWhy(p, m.why)
 			}
@@ -271,6 +279,7 @@ func (fi *fileImages) start(path string) {
 	}
 	fi.img[path] = fi.img[path][:0]
 	delete(fi.why, path)
+	delete(fi.moved, path)
 }
 
 // lose drops path's image, if it has one, for why.

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -321,4 +322,38 @@ func (d *daemon) AuditPcap(w io.Writer) error {
 		return errors.New("no network channel")
 	}
 	return d.net.writePcap(w)
+}
+
+// coveringOracle is the configured oracle, except that it answers itself
+// the questions an earlier approval of the same bytes covers: a held
+// staging decision of a file whose staged content its image proved to be
+// exactly what the path's writes produced, writes the oracle released
+// for the same reasons (fileChannel.cover). Such a file is asked about
+// once, not again at its commit point. Everything else is asked as
+// before; an error of the oracle refuses everything it was asked with,
+// as the engine does for any error.
+type coveringOracle struct {
+	decide.Oracle
+	d *daemon
+}
+
+func (o coveringOracle) Decide(ctx context.Context, v *decide.View) ([]decide.OracleAnswer, error) {
+	var out []decide.OracleAnswer
+	rest := *v
+	rest.Deferred = nil
+	for _, e := range v.Deferred {
+		if why, ok := o.d.files.takeCovered(e.Seq); ok {
+			out = append(out, decide.OracleAnswer{Seq: e.Seq, Verdict: decide.Release, Justification: why})
+			continue
+		}
+		rest.Deferred = append(rest.Deferred, e)
+	}
+	if len(out) > 0 {
+		o.d.log.Info("file commit covered by an earlier approval: not asked again", "covered", len(out), "asked", len(rest.Deferred))
+	}
+	if len(rest.Deferred) == 0 {
+		return out, nil
+	}
+	answers, err := o.Oracle.Decide(ctx, &rest)
+	return append(out, answers...), err
 }
