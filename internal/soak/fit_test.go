@@ -3,6 +3,8 @@ package soak
 import (
 	"math"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func TestLinearFit(t *testing.T) {
@@ -34,5 +36,16 @@ func TestLinearFit(t *testing.T) {
 	}
 	if _, err := LinearFit([]float64{1}, []float64{1}); err == nil {
 		t.Fatal("one point: no error")
+	}
+}
+
+func TestSummaryCounts(t *testing.T) {
+	out := "SOAK t-end 1\n\ncarbd: sandbox s1 exited with status 0\n  released 112, refused 3, held 0; files: committed 20, aborted 0, conflicts 6\n  REFUSED #1 ...\n"
+	want := map[string]float64{"released": 112, "refused": 3, "held": 0, "committed": 20, "aborted": 0, "conflicts": 6}
+	if d := cmp.Diff(want, summaryCounts(out)); d != "" {
+		t.Fatalf("(-want +got):\n%s", d)
+	}
+	if got := summaryCounts("no summary\n"); len(got) != 0 {
+		t.Fatalf("no summary: %v", got)
 	}
 }

@@ -42,6 +42,7 @@ var (
 	flagOut  = flag.String("soak.out", "", "directory for soak.csv and summary.md (default /var/tmp/carbd-soak-<time>)")
 	flagKeep = flag.Bool("soak.keep", false, "keep the working directory and its carbd state")
 	flagBad  = flag.Int("soak.bad-every", 5, "every how many runs the agent also tries what is refused")
+	flagGC   = flag.Int("soak.gc-every", 25, "every how many runs the person runs git gc on the host (0: never)")
 	flagRepo = flag.String("soak.repo", "", "the git repository whose history the working directory is cloned from (default: the one holding the current directory)")
 	flagBin  = flag.String("soak.bin", "", "a carbd binary to run (default: go build ./cmd/carbd of this tree)")
 )
@@ -512,6 +513,9 @@ func TestSoak(t *testing.T) {
 		row["run"] = float64(n)
 		row["wall_s"], row["agent_s"], row["overhead_s"] = res.wall, res.agentSecs, res.wall-res.agentSecs
 		row["exit"] = float64(res.code)
+		for k, v := range summaryCounts(res.out) {
+			row["run_"+k] = v
+		}
 		row["carbd_hwm_kb"], row["carbd_maxrss_kb"] = res.hwmKB, res.maxRSSKB
 		row["carbd_user_s"], row["carbd_sys_s"] = res.userS, res.sysS
 		rows = append(rows, row)
@@ -559,6 +563,13 @@ func TestSoak(t *testing.T) {
 		p.appendLine("person.txt", fmt.Sprintf("person-between-%d", n))
 		p.appendLine("shared.txt", fmt.Sprintf("person-between-shared-%d", n))
 		p.commit(fmt.Sprintf("person after run %d", n))
+		if *flagGC > 0 && n%*flagGC == 0 {
+			// The person packs the repository: the loose objects the
+			// agent's commits wrote (each with a label) leave W.
+			if out, err := p.git("gc", "-q", "--prune=now"); err != nil {
+				t.Errorf("person: git gc: %v: %s", err, out)
+			}
+		}
 	}
 
 	// Nothing of the person's is lost: every line is in W, every commit

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -73,4 +74,26 @@ func num(v float64) string {
 	default:
 		return fmt.Sprintf("%.3g", v)
 	}
+}
+
+// summaryCounts reads carbd run's summary line "released 112, refused 3,
+// held 0; files: committed 20, aborted 0, conflicts 6".
+func summaryCounts(out string) map[string]float64 {
+	m := map[string]float64{}
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		if !strings.HasPrefix(l, "released ") {
+			continue
+		}
+		for _, part := range strings.FieldsFunc(l, func(r rune) bool { return r == ',' || r == ';' }) {
+			f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(part), "files:"))
+			if len(f) == 2 {
+				if v, err := strconv.ParseFloat(f[1], 64); err == nil {
+					m[f[0]] = v
+				}
+			}
+		}
+		break
+	}
+	return m
 }
