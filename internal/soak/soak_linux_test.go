@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -518,8 +519,6 @@ func TestSoak(t *testing.T) {
 		}
 		row["carbd_hwm_kb"], row["carbd_maxrss_kb"] = res.hwmKB, res.maxRSSKB
 		row["carbd_user_s"], row["carbd_sys_s"] = res.userS, res.sysS
-		rows = append(rows, row)
-		writeCSV(t, filepath.Join(outDir, "soak.csv"), rows)
 
 		// Every released agent change is in W, or its conflict is reported.
 		conflicts := conflictPaths(t, wsd, seenReports)
@@ -545,16 +544,24 @@ func TestSoak(t *testing.T) {
 		if _, err := os.Lstat(filepath.Join(work, ".git/hooks/post-commit")); err == nil {
 			problems = append(problems, ".git/hooks/post-commit (refused) is in W")
 		}
+		if !slices.Contains(w.requests(), fmt.Sprintf("http POST /reports report of run %d", n)) {
+			problems = append(problems, "the run's report did not reach the world")
+		}
 		if bad && (status["leak-http"] == "" || status["hook"] == "") {
 			problems = append(problems, "the agent did not try what is refused")
 		}
+		row["problems"] = float64(len(problems))
 		if len(problems) > 0 {
+			// Recorded, and the soak goes on: a week has bad hours too.
 			failures++
-			t.Errorf("run %d (exit %d, %.1fs):\n  %s\n--- output ---\n%s", n, res.code, res.wall, strings.Join(problems, "\n  "), tail(res.out, 60))
-			if failures >= 3 {
-				t.Fatalf("stopping after %d failed runs", failures)
+			out := "\n--- output ---\n" + tail(res.out, 60)
+			if failures > 5 {
+				out = "" // the first five show carbd's output
 			}
+			t.Errorf("run %d (exit %d, %.1fs):\n  %s%s", n, res.code, res.wall, strings.Join(problems, "\n  "), out)
 		}
+		rows = append(rows, row)
+		writeCSV(t, filepath.Join(outDir, "soak.csv"), rows)
 		t.Logf("run %d: exit %d, %.1fs (agent %.1fs), carbd peak %.0f MiB, state %.0f KiB in %.0f files",
 			n, res.code, res.wall, res.agentSecs, res.hwmKB/1024, row["ws_bytes"]/1024, row["ws_files"])
 
