@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/carbd/carbd/internal/demo"
 	"github.com/carbd/carbd/pkg/daemon"
 )
 
@@ -58,6 +59,13 @@ func runCleanup(_ context.Context, e *env, args []string) error {
 		return scanErr
 	}
 	rep := cleanupReport{}
+	// Demo worlds (carbd demo) belong to no sandbox id: only without --id.
+	withDemo := len(ids) == 0
+	if *remove && withDemo {
+		if _, err := demo.RemoveStaleWorlds(); err != nil {
+			rep.Failures = append(rep.Failures, daemon.RemovalFailure{ID: "demo", Resource: "demo world", Err: err.Error()})
+		}
+	}
 	if *remove {
 		for _, s := range h.Sandboxes {
 			if s.State == "live" || s.State == "ended" && !hasLockFile(s) {
@@ -75,6 +83,21 @@ func runCleanup(_ context.Context, e *env, args []string) error {
 		}
 	}
 	rep.Sandboxes, rep.Shared, rep.Stale = h.Sandboxes, h.Shared, len(h.Stale())
+	if withDemo {
+		w, err := demo.Worlds()
+		if err != nil {
+			scanErr = errors.Join(scanErr, err)
+		}
+		for _, l := range w.Links {
+			rep.Shared = append(rep.Shared, daemon.HostResource{Kind: "demo-world-link", Name: l, Live: w.Live})
+		}
+		for _, n := range w.Namespaces {
+			rep.Shared = append(rep.Shared, daemon.HostResource{Kind: "demo-world-netns", Name: "/run/netns/" + n, Live: w.Live})
+		}
+		if !w.Live && len(w.Links)+len(w.Namespaces) > 0 {
+			rep.Stale++
+		}
+	}
 	if rep.Sandboxes == nil {
 		rep.Sandboxes = []*daemon.SandboxLeftovers{}
 	}
@@ -143,12 +166,23 @@ func writeCleanup(w io.Writer, rep cleanupReport, removed bool) {
 	}
 	live := 0
 	for _, r := range rep.Shared {
-		if r.Live {
+		if r.Live && r.Kind == daemon.ResTracerSlot {
 			live++
 		}
 	}
-	if n := len(rep.Shared); n > 0 {
-		fmt.Fprintf(w, "shared file tracer: %d slots, %d live (a stale slot is reclaimed by the next run's tracer)\n", n, live)
+	slots := 0
+	for _, r := range rep.Shared {
+		switch {
+		case r.Kind == daemon.ResTracerSlot:
+			slots++
+		case r.Live:
+			fmt.Fprintf(w, "%-16s %s (a demo is running)\n", r.Kind, r.Name)
+		default:
+			fmt.Fprintf(w, "%-16s %s (stale: no demo is running)\n", r.Kind, r.Name)
+		}
+	}
+	if slots > 0 {
+		fmt.Fprintf(w, "shared file tracer: %d slots, %d live (a stale slot is reclaimed by the next run's tracer)\n", slots, live)
 	}
 	for _, id := range rep.Removed {
 		fmt.Fprintf(w, "removed: sandbox %s\n", id)

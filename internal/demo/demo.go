@@ -422,9 +422,29 @@ func flock(f *os.File, how int) error {
 // held no other demo is running, so every such link and namespace is
 // stale.
 func removeStaleWorlds() error {
+	links, namespaces, err := worldParts()
+	if err != nil {
+		return err
+	}
+	for _, l := range links {
+		if out, err := exec.Command("ip", "link", "del", l).CombinedOutput(); err != nil {
+			return fmt.Errorf("stale demo world: ip link del %s: %w: %s", l, err, out)
+		}
+	}
+	for _, ns := range namespaces {
+		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+			return fmt.Errorf("stale demo world: ip netns del %s: %w: %s", ns, err, out)
+		}
+	}
+	return nil
+}
+
+// worldParts lists what demo worlds have on the host: the host links
+// with the world's host address, and the world namespaces.
+func worldParts() (links, namespaces []string, err error) {
 	ifs, err := net.Interfaces()
 	if err != nil {
-		return fmt.Errorf("stale demo worlds: %w", err)
+		return nil, nil, fmt.Errorf("stale demo worlds: %w", err)
 	}
 	host := net.IPv4(198, 18, 250, 1)
 	for _, ifc := range ifs {
@@ -434,19 +454,16 @@ func removeStaleWorlds() error {
 		}
 		for _, a := range addrs {
 			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(host) {
-				if out, err := exec.Command("ip", "link", "del", ifc.Name).CombinedOutput(); err != nil {
-					return fmt.Errorf("stale demo world: ip link del %s: %w: %s", ifc.Name, err, out)
-				}
+				links = append(links, ifc.Name)
+				break
 			}
 		}
 	}
 	names, _ := filepath.Glob("/run/netns/carbd-demo-*")
 	for _, p := range names {
-		if out, err := exec.Command("ip", "netns", "del", filepath.Base(p)).CombinedOutput(); err != nil {
-			return fmt.Errorf("stale demo world: ip netns del %s: %w: %s", filepath.Base(p), err, out)
-		}
+		namespaces = append(namespaces, filepath.Base(p))
 	}
-	return nil
+	return links, namespaces, nil
 }
 
 func listenIn(ns, network, addr string) (l net.Listener, err error) {

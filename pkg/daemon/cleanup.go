@@ -34,17 +34,18 @@ import (
 
 // Kinds of host-wide resources a run creates.
 const (
-	ResIDLock       = "id-lock"         // IndexDir/id-<id>.lock
-	ResLink         = "link"            // cbh-<id>: veth host side or tap
-	ResTCPins       = "tc-pins"         // tcx.DefaultPinDir/<id>: the TC program, its link and maps
-	ResChain        = "xtables-chain"   // CARBD-<id>-F/-I in filter (ip, ip6)
-	ResJump         = "xtables-jump"    // FORWARD/INPUT's jump to one of them
-	ResTable        = "nft-table"       // inet carbd-<id>, inet carbd-raw-<id>, ip/ip6 carbd-nat-<id>
-	ResCgroup       = "cgroup"          // <cgroup2>/carbd-<id>
-	ResMount        = "overlay-mount"   // <state>/sandboxes/<id>/merged
-	ResSysctlHolder = "sysctl-holder"   // nfrules.DefaultSysctlDir/<netns>/<key>/holders/<id>
-	ResSocket       = "operator-socket" // <state>/sandboxes/<id>/operator.sock
-	ResStateDir     = "state-dir"       // <state>/sandboxes/<id> (kept: the run's audit.jsonl)
+	ResIDLock       = "id-lock"          // IndexDir/id-<id>.lock
+	ResLink         = "link"             // cbh-<id>: veth host side or tap
+	ResTCPins       = "tc-pins"          // tcx.DefaultPinDir/<id>: the TC program, its link and maps
+	ResChain        = "xtables-chain"    // CARBD-<id>-F/-I in filter (ip, ip6)
+	ResJump         = "xtables-jump"     // FORWARD/INPUT's jump to one of them
+	ResTable        = "nft-table"        // inet carbd-<id>, inet carbd-raw-<id>, ip/ip6 carbd-nat-<id>
+	ResCgroup       = "cgroup"           // <cgroup2>/carbd-<id>
+	ResMount        = "overlay-mount"    // <state>/sandboxes/<id>/merged
+	ResSysctlHolder = "sysctl-holder"    // nfrules.DefaultSysctlDir/<netns>/<key>/holders/<id>
+	ResSocket       = "operator-socket"  // <state>/sandboxes/<id>/operator.sock
+	ResStateDir     = "state-dir"        // <state>/sandboxes/<id> (kept: the run's audit.jsonl)
+	ResTracerSlot   = "file-tracer-slot" // fileev.DefaultPinDir/<tag>/slot-N: shared, reclaimed by the next tracer
 )
 
 // CleanupOptions says where to look for what runs leave. Zero values are
@@ -492,7 +493,7 @@ func tracerSlots(locks map[string]int) []HostResource {
 	slots, _ := filepath.Glob(filepath.Join(fileev.DefaultPinDir, "*", "slot-*"))
 	for _, s := range slots {
 		_, live := locks[lockKey(s)]
-		out = append(out, HostResource{Kind: "file-tracer-slot", Name: s, Live: live})
+		out = append(out, HostResource{Kind: ResTracerSlot, Name: s, Live: live})
 	}
 	return out
 }
