@@ -77,6 +77,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	vmCA := fs.String("vm-ca", "", "VM backends: PEM `file` of a CA the guest trusts besides carbd's interception CA")
 	fs.DurationVar(&vm.BootTimeout, "vm-boot-timeout", 0, "VM backends: launch to the guest's hello (default 5m)")
 	pcapPath := fs.String("pcap", "", "stream the run's pcapng audit (every frame with its verdict, the interception's keys) to `file`, mode 0600, as the run goes (default: the working directory's state, "+daemon.DefaultWorkStateRoot+"/<id>/runs/<run>/audit.pcapng; carbd audit --list)")
+	stagedMax := fs.Int("staged-content-max", 0, "show one decision at most `bytes` of a staged change (0: 32 MiB; 65536 to 1 GiB); a change with more is kept staged, never committed")
 	pcapMax := fs.Int64("pcap-max", 0, "cap the pcapng audit at `bytes` (0: 128 MiB; negative: no cap); frames beyond it are counted, not written")
 	holdTimeout := fs.Duration("hold-timeout", 10*time.Second, "longest a packet waits for a decision before it is refused")
 	var icpt daemon.InterceptConfig
@@ -132,7 +133,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	}
 	cfg := daemon.Config{ID: *id, StateDir: *stateDir, PolicyPath: *policyPath, Policy: p, Workdir: *workdir, Task: *task,
 		Backend: *backend, Argv: argv, Env: agentEnv, UID: *uid, GID: *gid, Upstream: upstream, Hosts: hosts, HoldTimeout: *holdTimeout,
-		AuditPath: *auditPath, Pcap: *pcapPath, PcapMaxBytes: *pcapMax, Metrics: *metricsAddr, MetricsTextfile: *metricsTextfile, VM: vm, Intercept: icpt, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
+		AuditPath: *auditPath, Pcap: *pcapPath, PcapMaxBytes: *pcapMax, StagedContentLimit: *stagedMax, Metrics: *metricsAddr, MetricsTextfile: *metricsTextfile, VM: vm, Intercept: icpt, Stdin: os.Stdin, Stdout: e.stdout, Stderr: e.stderr, Log: e.log}
 	cfg.Intercept.Off = !*intercepting
 	switch *oracleName {
 	case "strict":

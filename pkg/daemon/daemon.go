@@ -113,6 +113,15 @@ type Config struct {
 	// then decided from the staging layer (docs/file-events.md).
 	FileRingBytes int
 
+	// StagedContentLimit bounds the staged content one decision is shown
+	// (staging.Config.ContentLimit: a staged file's new content or
+	// changed region, and the sum of its user.* attribute values): 0
+	// means staging.DefaultContentLimit (32 MiB). A change with more to
+	// show is not decided: it stays staged, reported, never committed
+	// (docs/staging.md). The bound is what one decision may hold in
+	// memory; from MinStagedContentLimit to MaxStagedContentLimit.
+	StagedContentLimit int
+
 	// VM configures the qemu and cloud-hypervisor backends.
 	VM VMConfig
 
@@ -245,6 +254,10 @@ func (c *Config) validate() error {
 	}
 	if n, pg := c.FileRingBytes, os.Getpagesize(); n < 0 || n > 0 && (n&(n-1) != 0 || n%pg != 0) {
 		errs = append(errs, fmt.Errorf("file ring size %d: want 0 or a power of two multiple of the page size (%d)", n, pg))
+	}
+	if n := c.StagedContentLimit; n != 0 && (n < MinStagedContentLimit || n > MaxStagedContentLimit) {
+		errs = append(errs, fmt.Errorf("staged content limit %d: want 0 (%d) or from %d (a user.* attribute's largest value, shown whole) to %d (the largest staged file)",
+			n, staging.DefaultContentLimit, MinStagedContentLimit, MaxStagedContentLimit))
 	}
 	if c.Stdout == nil {
 		c.Stdout = os.Stdout

@@ -71,6 +71,16 @@ type fileChannel struct {
 	aborts       uint64
 }
 
+// The bounds of Config.StagedContentLimit: at least the largest value
+// of one extended attribute (XATTR_SIZE_MAX: a user.* attribute an event
+// could not show whole would keep its change staged for ever), at most
+// the largest staged file (staging.DefaultMaxFileSize: a larger one is
+// refused anyway).
+const (
+	MinStagedContentLimit = 64 << 10
+	MaxStagedContentLimit = staging.DefaultMaxFileSize
+)
+
 // pathState is what the engine said about a path since its last commit
 // point.
 type pathState struct {
@@ -110,7 +120,8 @@ func openFileChannel(d *daemon) (*fileChannel, error) {
 	if err := migrateIndex(d.cfg.StagingDir, d.cfg.WorkStateDir); err != nil {
 		return nil, err
 	}
-	st, err := staging.Open(staging.Config{WorkDir: d.cfg.Workdir, StateDir: d.cfg.WorkStateDir, LayerDir: d.cfg.StagingDir, MergedDir: fc.merged})
+	st, err := staging.Open(staging.Config{WorkDir: d.cfg.Workdir, StateDir: d.cfg.WorkStateDir, LayerDir: d.cfg.StagingDir, MergedDir: fc.merged,
+		ContentLimit: d.cfg.StagedContentLimit})
 	if err != nil {
 		return nil, fmt.Errorf("staging: %w", err)
 	}
