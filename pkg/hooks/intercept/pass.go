@@ -24,7 +24,7 @@ const (
 	// RouteIntercept terminates the connection (Proxy.Handle): each
 	// request in it is decided.
 	RouteIntercept Route = iota
-	// RoutePass splices the connection to its original destination,
+	// RoutePass relays the connection to its original destination,
 	// byte for byte (the ClientHello first): its content stays opaque.
 	RoutePass
 	// RouteRefuse closes the connection: nothing goes upstream.
@@ -100,7 +100,7 @@ const maxHelloBytes = 64 << 10
 // Front accepts the redirected connections and peeks at each one's
 // ClientHello (netparse's parser, as the verdict loop reads it); Route
 // then chooses between interception (Proxy.Handle, which the peeked
-// bytes are replayed to) and an opaque pass-through spliced to the
+// bytes are replayed to) and an opaque pass-through relayed to the
 // original destination. It is safe for concurrent use.
 type Front struct {
 	cfg FrontConfig

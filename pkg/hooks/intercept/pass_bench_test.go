@@ -17,7 +17,7 @@ import (
 // same-run baseline, interleaved round by round:
 //
 //   - download-pass: a 32 MiB download over a connection passed through
-//     opaque (ClientHello read, then spliced) against the same download
+//     opaque (ClientHello read, then relayed) against the same download
 //     straight from the world: MB/s each, and pass/direct.
 //   - handshake: a new TLS connection and one GET per op, intercepted
 //     through the Front (ClientHello read, then replayed to the proxy)

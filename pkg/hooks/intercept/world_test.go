@@ -30,6 +30,8 @@ import (
 type world struct {
 	addr   netip.AddrPort
 	caFile string
+	// certs are the world's server certificates (localhost, world.test).
+	certs  []tls.Certificate
 	keyLog bytes.Buffer // the world's TLS secrets (guarded by mu)
 	// gate releases the rest of a /hold response.
 	gate chan struct{}
@@ -92,6 +94,7 @@ func newWorldOn(t testing.TB, ln net.Listener) *world {
 		t.Fatal(err)
 	}
 	certs = append(certs, *leaf)
+	w.certs = certs
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
