@@ -2,9 +2,13 @@ package daemon
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/hooks/fileev"
@@ -22,6 +26,9 @@ func TestCleanupRespectsTheIDLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cg.Remove() })
+	// A VM backend's tap outlives its carbd: a link named for the id.
+	testutil.Run(t, "ip", "link", "add", "cbh-"+id, "type", "veth", "peer", "name", "cbp-"+id)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "cbh-"+id).Run() })
 	if err := os.MkdirAll(IndexDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +55,9 @@ func TestCleanupRespectsTheIDLock(t *testing.T) {
 	if _, err := os.Stat(cg.Path); err != nil {
 		t.Fatalf("the live id's cgroup: %v", err)
 	}
+	if _, err := netlink.LinkByName("cbh-" + id); err != nil {
+		t.Fatalf("the live id's link: %v", err)
+	}
 	if err := unlock(); err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +66,7 @@ func TestCleanupRespectsTheIDLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(h.Sandboxes) != 1 || h.Sandboxes[0].State != "stale" {
+	if len(h.Sandboxes) != 1 || h.Sandboxes[0].State != "stale" || !slices.ContainsFunc(h.Sandboxes[0].Resources, func(r HostResource) bool { return r.Kind == ResLink }) {
 		t.Fatalf("scan with the lock free: %+v; want it stale", h.Sandboxes)
 	}
 	if fails := RemoveLeftovers(h.Sandboxes[0]); len(fails) != 0 {
@@ -64,6 +74,9 @@ func TestCleanupRespectsTheIDLock(t *testing.T) {
 	}
 	if _, err := os.Stat(cg.Path); !os.IsNotExist(err) {
 		t.Errorf("the stale id's cgroup after removal: %v", err)
+	}
+	if _, err := netlink.LinkByName("cbh-" + id); err == nil {
+		t.Errorf("the stale id's link is still there")
 	}
 	if _, err := os.Stat(lockFile); !os.IsNotExist(err) {
 		t.Errorf("the stale id's lock file after removal: %v", err)
