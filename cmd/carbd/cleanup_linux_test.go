@@ -172,6 +172,7 @@ curl -sS -m 10 http://api.example.com/status > /run/carbd/fetched; echo "get=$?"
 	// The plain text says the same.
 	cmd := exec.Command(bin, "cleanup", "--id", a.id, "--id", b.id, "--state-dir", a.state, "--state-dir", b.state)
 	text, _ := cmd.Output()
+	t.Logf("carbd cleanup:\n%s", text)
 	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(text), "sandbox "+a.id+": stale") || !strings.Contains(string(text), "sandbox "+b.id+": live") ||
 		!strings.Contains(string(text), "needs recovery: run carbd in "+workA+" again") {
 		t.Errorf("cleanup (text): exit %d\n%s", cmd.ProcessState.ExitCode(), text)
