@@ -24,15 +24,18 @@ const maxImage = 1 << 20
 // the file's content is what those decisions saw, and the label they
 // gave the location covers it (decide.Event.WrittenAsDecided).
 //
-// A rename (renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE included)
-// within M carries the images at and below its source to their new
-// names: a rename changes no file's content, link count or mappings, so
-// what proved the content under its old name proves it under the new
-// one (a temporary file written, then renamed over its target: sed -i,
-// Python's tempfile and os.replace, git's index.lock). The target's old
-// images are dropped; an exchange swaps both sides'. The label the
-// engine gives the new name at the rename joins the read label of that
-// moment, which covers every write decided before it.
+// A rename of a file (renameat2's RENAME_NOREPLACE and RENAME_EXCHANGE
+// included) within M carries its image to its new name: a rename
+// changes no file's content, link count or mappings, so what proved the
+// content under its old name proves it under the new one (a temporary
+// file written, then renamed over its target: sed -i, Python's tempfile
+// and os.replace, git's index.lock). The target's old images are
+// dropped; an exchange swaps both sides'. The label the engine gives
+// the new name at the rename joins the read label of that moment, which
+// covers every write decided before it. The files below a renamed
+// directory lose their images: the engine labels the directory's two
+// names only, so a file's new name may keep a label older than its
+// writes (one a removal there gave it before a secret was read).
 //
 // An image is dropped by anything else that changes the file: a write
 // whose content was not captured whole, a copy into it, a truncate to a
@@ -68,6 +71,7 @@ const (
 	whyMapping    = "a writable shared mapping"
 	whyLink       = "a hard link"
 	whyRenamedIn  = "renamed in from outside the working directory"
+	whyDirRenamed = "a directory above it was renamed"
 	whyRemoved    = "removed"
 	whyAborted    = "its staged change was aborted"
 	whyLoss       = "file records were lost"
@@ -180,10 +184,11 @@ func (fi *fileImages) note(r *fileev.Record) {
 	}
 }
 
-// rename follows a rename: the images (and why the names have none, and
-// the paths never imaged again) at and below the source go to their new
-// names; those at and below the target are dropped, or, for an
-// exchange, go to the source's names. A rename with a flag it does not
+// rename follows a rename: the image of the source (and why the names
+// have none, and the paths never imaged again at and below it) go to
+// its new name; those at and below the target are dropped, or, for an
+// exchange, go to the source's name. Images below a renamed directory
+// are dropped. A rename with a flag it does not
 // know, or from outside M, carries nothing (its target's images are
 // dropped).
 func (fi *fileImages) rename(r *fileev.Record) {
@@ -222,6 +227,13 @@ func (fi *fileImages) rename(r *fileev.Record) {
 			p := root + rel
 			if why, bad := fi.bad[p]; bad {
 				fi.setWhy(p, why)
+				continue
+			}
+			if rel != "" {
+				// Below a renamed directory: the engine labels the
+				// directory's names, not the files below, so a file's
+				// new name may carry a label older than its writes.
+				fi.setWhy(p, whyDirRenamed)
 				continue
 			}
 			if m.has {
