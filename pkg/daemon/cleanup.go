@@ -539,6 +539,10 @@ func RemoveLeftovers(s *SandboxLeftovers) []RemovalFailure {
 		has[r.Kind] = append(has[r.Kind], r)
 	}
 	hostIf := "cbh-" + s.ID
+	ruleIf := hostIf // what the rules' plans name; removal goes by chain and table names
+	if len(ruleIf) > 15 {
+		ruleIf = "cbh-" + s.ID[:11] // an id longer than a run's (tests'): no link of its own
+	}
 	// In a new run's order (startNetChannel): the link first, so that a
 	// surviving guest cannot send once its program and rules are gone.
 	if len(has[ResLink]) > 0 {
@@ -548,10 +552,10 @@ func RemoveLeftovers(s *SandboxLeftovers) []RemovalFailure {
 		fail(ResTCPins+" "+filepath.Join(tcx.DefaultPinDir, s.ID), tcx.Remove(tcx.Config{SandboxID: s.ID, Ifname: hostIf}))
 	}
 	if len(has[ResChain])+len(has[ResJump]) > 0 || hasTable(has[ResTable], "inet carbd-") {
-		fail("netfilter rules of "+s.ID, nfrules.Remove(nfrules.Config{SandboxID: s.ID, Iface: hostIf, QueueNum: netns.QueueBase}))
+		fail("netfilter rules of "+s.ID, nfrules.Remove(nfrules.Config{SandboxID: s.ID, Iface: ruleIf, QueueNum: netns.QueueBase}))
 	}
 	if hasTable(has[ResTable], "ip carbd-nat-") || hasTable(has[ResTable], "ip6 carbd-nat-") {
-		fail("nat tables carbd-nat-"+s.ID, nfrules.RemoveNAT(nfrules.NATConfig{SandboxID: s.ID, Iface: hostIf,
+		fail("nat tables carbd-nat-"+s.ID, nfrules.RemoveNAT(nfrules.NATConfig{SandboxID: s.ID, Iface: ruleIf,
 			Subnets: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/30"), netip.MustParsePrefix("fd00:cb::/64")}}))
 	}
 	if len(has[ResCgroup]) > 0 {

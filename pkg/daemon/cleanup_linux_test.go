@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/hooks/fileev"
+	"github.com/carbd/carbd/pkg/hooks/nfrules"
 )
 
 // An id whose lock is held is live, whoever scans; a removal of an id a
@@ -96,5 +98,57 @@ func TestCleanupRespectsTheIDLock(t *testing.T) {
 	}
 	if _, err := claimID(IndexDir, id); err == nil || !strings.Contains(err.Error(), "in use") {
 		t.Errorf("a second claim while the new run holds the id: %v", err)
+	}
+}
+
+// Rules and NAT tables named for an id no run could have (longer than a
+// run's, as tests make them) are found and removed by their names.
+func TestCleanupRulesOfALongID(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "iptables-nft-save")
+	id := "LongTestID-" + testutil.UniqueName("r") // longer than 11 characters
+	if len(id) > 20 {
+		id = id[len(id)-20:]
+	}
+	iface := testutil.UniqueName("cbr")
+	rules := nfrules.Config{SandboxID: id, Iface: iface, QueueNum: 1, Backend: nfrules.BackendXtables}
+	if _, err := nfrules.Apply(rules); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nfrules.Remove(rules) })
+	nat := nfrules.NATConfig{SandboxID: id, Iface: iface, Subnets: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/30")}}
+	undo, err := nfrules.ApplyNAT(nat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = undo() })
+
+	h, err := ScanHost(CleanupOptions{IDs: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Sandboxes) != 1 || h.Sandboxes[0].State != "stale" {
+		t.Fatalf("scan: %+v; want %s stale", h.Sandboxes, id)
+	}
+	got := map[string]int{}
+	for _, r := range h.Sandboxes[0].Resources {
+		got[r.Kind]++
+	}
+	if got[ResChain] != 4 || got[ResJump] != 4 || got[ResTable] != 1 {
+		t.Errorf("found %v; want 4 chains, 4 jumps and the nat table", got)
+	}
+	if fails := RemoveLeftovers(h.Sandboxes[0]); len(fails) != 0 {
+		t.Fatalf("removal: %+v", fails)
+	}
+	for _, tool := range []string{"iptables-nft-save", "ip6tables-nft-save"} {
+		if out := testutil.Run(t, tool); strings.Contains(out, "CARBD-"+id+"-") {
+			t.Errorf("%s after removal:\n%s", tool, out)
+		}
+	}
+	if out := testutil.Run(t, "nft", "list", "tables"); strings.Contains(out, "carbd-nat-"+id) {
+		t.Errorf("nft tables after removal:\n%s", out)
+	}
+	if h, err = ScanHost(CleanupOptions{IDs: []string{id}}); err != nil || len(h.Sandboxes) != 0 {
+		t.Errorf("scan after removal: %+v, %v; want nothing", h.Sandboxes, err)
 	}
 }
