@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/carbd/carbd/internal/netnsx"
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/hooks/fileev"
 	"github.com/carbd/carbd/pkg/hooks/nfrules"
@@ -150,5 +151,46 @@ func TestCleanupRulesOfALongID(t *testing.T) {
 	}
 	if h, err = ScanHost(CleanupOptions{IDs: []string{id}}); err != nil || len(h.Sandboxes) != 0 {
 		t.Errorf("scan after removal: %+v, %v; want nothing", h.Sandboxes, err)
+	}
+}
+
+// A dead run's reference on the forwarding sysctls is given back as its
+// end would have: the last holder out puts back what the first found.
+// (In a namespace of its own: the host's forwarding is other runs'.)
+func TestCleanupReleasesSysctls(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := testutil.NewNetNS(t)
+	id := testutil.UniqueName("s")
+	state := t.TempDir()
+	err := netnsx.DoNamed(ns, func() error {
+		const fwd = "/proc/sys/net/ipv4/ip_forward"
+		if err := os.WriteFile(fwd, []byte("0"), 0o644); err != nil {
+			return err
+		}
+		if _, err := nfrules.ApplyNAT(nfrules.NATConfig{SandboxID: id, Iface: "cbh-" + id,
+			Subnets: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/30")}, Forwarding: true, StateDir: state}); err != nil {
+			return err
+		}
+		if b, _ := os.ReadFile(fwd); strings.TrimSpace(string(b)) != "1" {
+			t.Errorf("ip_forward while held: %q", b)
+		}
+		holders, _ := filepath.Glob(filepath.Join(state, "*", "*", "holders", id))
+		if len(holders) != 1 {
+			t.Errorf("holders: %v", holders)
+		}
+		// The run dies without its undo; cleanup gives its reference back.
+		if err := nfrules.ReleaseSysctls(state, id); err != nil {
+			return err
+		}
+		if b, _ := os.ReadFile(fwd); strings.TrimSpace(string(b)) != "0" {
+			t.Errorf("ip_forward after the release: %q; want 0, as found", b)
+		}
+		if holders, _ := filepath.Glob(filepath.Join(state, "*", "*", "holders", id)); len(holders) != 0 {
+			t.Errorf("holders after the release: %v", holders)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
