@@ -366,10 +366,16 @@ static __always_inline void *ring_of(__u32 slot)
 	return bpf_map_lookup_elem(&ft_rings, &slot);
 }
 
-/* wakeup is the submit flag of a record for ring rb of slot: see struct
- * ft_slot. The queried bytes include the record being submitted (it is
- * reserved). */
-static __always_inline __u64 wakeup(__u32 slot, void *rb)
+/* wakeup is the submit flag of a record of size bytes for ring rb of
+ * slot: see struct ft_slot. reserved: the record is reserved already
+ * (bpf_ringbuf_submit), so the ring's unread bytes include it; otherwise
+ * (bpf_ringbuf_output) they do not yet. The byte threshold wakes the
+ * reader once, with the record that takes the unread bytes over it, not
+ * with every record while they stay over it: a reader that lags is awake
+ * already (or woken by the period), and each forced wake-up is an
+ * irq_work, a self-IPI (a VM exit under virtualisation) in the traced
+ * process. */
+static __always_inline __u64 wakeup(__u32 slot, void *rb, __u64 size, int reserved)
 {
 	struct ft_slot *s = slot_of(slot);
 	if (!s)
@@ -378,8 +384,12 @@ static __always_inline __u64 wakeup(__u32 slot, void *rb)
 	if (!period)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
+	__u64 after = bpf_ringbuf_query(rb, BPF_RB_AVAIL_DATA);
+	if (!reserved)
+		after += size;
+	__u64 before = after > size ? after - size : 0;
 	if (now - s->last_wakeup >= period ||
-	    bpf_ringbuf_query(rb, BPF_RB_AVAIL_DATA) >= s->wakeup_bytes) {
+	    (after >= s->wakeup_bytes && before < s->wakeup_bytes)) {
 		s->last_wakeup = now;
 		return BPF_RB_FORCE_WAKEUP;
 	}
@@ -840,7 +850,7 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret, int btf)
 				size += n;
 			}
 			/* else: a record without data; the reader reads back */
-			if (bpf_ringbuf_output(rb, de, size, wakeup(slot, rb)))
+			if (bpf_ringbuf_output(rb, de, size, wakeup(slot, rb, size, 0)))
 				count(slot, FT_C_RINGBUF);
 			if (gen)
 				bump_read_gen(slot);
@@ -861,7 +871,7 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret, int btf)
 		e->fi[1] = fi[1];
 		e->flags |= fl;
 		read_aux(e, &sc, in);
-		bpf_ringbuf_submit(e, wakeup(slot, rb));
+		bpf_ringbuf_submit(e, wakeup(slot, rb, sizeof(*e), 1));
 		if (gen)
 			bump_read_gen(slot);
 		goto out;
@@ -881,7 +891,7 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret, int btf)
 		p1->h.flags |= FT_F_PATHS | FT_F_PATH1 | fl;
 		read_aux(&p1->h, &sc, in);
 		read_path(&p1->h, p1->path, 0, arg_at(in->args, sc.path0));
-		bpf_ringbuf_submit(p1, wakeup(slot, rb));
+		bpf_ringbuf_submit(p1, wakeup(slot, rb, sizeof(*p1), 1));
 		goto out;
 	}
 	struct ft_path_event *pe = bpf_ringbuf_reserve(rb, sizeof(*pe), 0);
@@ -898,7 +908,7 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret, int btf)
 	if (sc.path0 != ARG_NONE)
 		read_path(&pe->h, pe->path[0], 0, arg_at(in->args, sc.path0));
 	read_path(&pe->h, pe->path[1], 1, arg_at(in->args, sc.path1));
-	bpf_ringbuf_submit(pe, wakeup(slot, rb));
+	bpf_ringbuf_submit(pe, wakeup(slot, rb, sizeof(*pe), 1));
 out:
 	if (btf)
 		in->live = 0;
@@ -931,7 +941,7 @@ static __always_inline void emit_simple(__u16 kind, __u32 tgid, __u32 tid,
 	e->args[0] = arg0;
 	e->fi[0].fd = -1;
 	e->fi[1].fd = -1;
-	bpf_ringbuf_submit(e, wakeup(slot, rb));
+	bpf_ringbuf_submit(e, wakeup(slot, rb, sizeof(*e), 1));
 }
 
 /* on_fork, on_task_exit: btf as for on_enter (the tasks are BTF-typed). */

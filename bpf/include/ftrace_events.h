@@ -158,8 +158,11 @@ struct ft_target {
 struct ft_slot {
 	/* Wake-ups of the slot's reader are batched: a record is submitted
 	 * with BPF_RB_FORCE_WAKEUP when the last forced wake-up is at least
-	 * wakeup_ns old, or when wakeup_bytes or more wait in the ring;
-	 * otherwise with BPF_RB_NO_WAKEUP. 0: the kernel's default. */
+	 * wakeup_ns old, or when it takes the bytes waiting in the ring to
+	 * wakeup_bytes or over (once per crossing, not for every record
+	 * while they stay over: each forced wake-up is a self-IPI in the
+	 * traced process); otherwise with BPF_RB_NO_WAKEUP. 0: the
+	 * kernel's default. */
 	__u64 wakeup_ns;
 	__u64 wakeup_bytes;
 	/* bpf_ktime_get_ns of the last forced wake-up (read by userspace).
