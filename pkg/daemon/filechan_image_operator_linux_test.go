@@ -24,24 +24,31 @@ import (
 // the tracer did not capture whole) is asked about again.
 
 // approvePolicy defers every write whose content is not derivable from
-// the task to the oracle (the operator).
+// the task to the oracle (the operator), and refuses digestSecret in
+// report.md.
 const approvePolicy = `
 version: 1
 levels: [public, secret]
 trusted:
   task: true
+refuse:
+  - {name: no-key-in-report, paths: ["report.md"], values: ["` + digestSecret + `"]}
 operations:
   - {ops: ["file:write"], kind: stageable, gate: [content]}
   - {ops: ["file:*"], kind: stageable, gate: []}
 defaults: {kind: blocking, gate: [target, credential, command]}
 `
 
-// approveAgent writes report.md as MODE says.
+// approveAgent writes report.md as MODE says (split: SECRET, in two
+// writes that each hold half of it).
 const approveAgent = `
 import mmap, os
 fd = os.open("report.md", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 if MODE == "big":
     os.write(fd, REPORT + b"x" * (1 << 20))
+elif MODE == "split":
+    os.write(fd, SECRET[:10])
+    os.write(fd, SECRET[10:])
 else:
     os.write(fd, REPORT)
 if MODE == "mmap":
@@ -90,6 +97,21 @@ func TestOperatorAskedAgainUncaptured(t *testing.T) {
 	}
 }
 
+// TestOperatorApprovalNeverCoversRefusal: report.md written in two
+// captured writes, each half of the value a refusal rule forbids as
+// report.md's content, each approved by the operator: the whole file,
+// proved by its image, is refused at its commit point by the rule (no
+// approval covers a refusal), and nothing reaches W.
+func TestOperatorApprovalNeverCoversRefusal(t *testing.T) {
+	_, work, out := runApprove(t, "split")
+	if _, err := os.Stat(filepath.Join(work, "report.md")); err == nil {
+		t.Errorf("report.md, holding the forbidden value, was committed\n%s", out)
+	}
+	if !strings.Contains(out, "no-key-in-report") {
+		t.Errorf("the rule did not refuse report.md\n%s", out)
+	}
+}
+
 // runApprove runs approveAgent in mode while a client of the operator
 // socket approves every question; it returns how many questions about
 // report.md were asked, W and the run's output followed by its decision
@@ -110,7 +132,7 @@ func runApprove(t *testing.T, mode string) (int, string, string) {
 	defer cancel()
 	state := t.TempDir()
 	id := testutil.UniqueName("o")
-	script := fmt.Sprintf("MODE = %q\nREPORT = %q.encode()\n", mode, imageReport) + approveAgent
+	script := fmt.Sprintf("MODE = %q\nREPORT = %q.encode()\nSECRET = %q.encode()\n", mode, imageReport, digestSecret) + approveAgent
 	cfg := Config{ID: id, StateDir: state, Policy: pol, PolicyPath: "approve.yaml",
 		Workdir: work, Task: "Write report.md", Argv: []string{"/usr/bin/python3", "-c", script}, UID: sandboxUID, GID: sandboxUID,
 		Oracle: op, Operator: op, HoldTimeout: 3 * time.Second, Stdin: io.MultiReader(), Stdout: &out, Stderr: &out, AuditPath: filepath.Join(state, "audit.jsonl"),
