@@ -82,7 +82,20 @@ func claimID(dir, id string) (func() error, error) {
 	}
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	return f.Close, nil
+	// A run that ends removes its lock file while it still holds the lock
+	// (a run waiting on the same file sees it gone and takes a new one,
+	// above): only a crashed run's file stays, for carbd cleanup to find.
+	// A host running a fresh id per run kept one file per run forever.
+	return func() error {
+		var held, now unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(f.Name(), &now) == nil && held.Dev == now.Dev && held.Ino == now.Ino {
+			if err := os.Remove(f.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
+				f.Close()
+				return fmt.Errorf("sandbox id %s: remove its lock: %w", id, err)
+			}
+		}
+		return f.Close()
+	}, nil
 }
 
 // claimSlot is claimIndex's index proper.

@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -27,8 +30,17 @@ func TestClaimIndexRefusesALiveID(t *testing.T) {
 	if err := other(); err != nil {
 		t.Fatal(err)
 	}
+	lockFile := filepath.Join(IndexDir, "id-"+id+".lock")
+	if _, err := os.Stat(lockFile); err != nil {
+		t.Fatalf("a live run's id lock: %v", err)
+	}
 	if err := unlock(); err != nil {
 		t.Fatal(err)
+	}
+	// An ended run leaves no lock file (a crashed one does, for carbd
+	// cleanup); one file per run was kept forever before.
+	if _, err := os.Stat(lockFile); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("an ended run's id lock file: %v", err)
 	}
 	again, _, err := claimIndex(t.TempDir(), id)
 	if err != nil {
