@@ -113,6 +113,19 @@ var suites = []suite{
 		},
 	},
 	{
+		// Issue 13: what a download costs per MiB, beside the floor of a
+		// bare crypto/tls pair (docs/interception.md, "Issue 13:
+		// downloads"): CPU per MiB is steadier than MB/s on a shared host.
+		Title: "Download CPU per MiB (pkg/hooks/intercept)",
+		Pkg:   "./pkg/hooks/intercept/",
+		Bench: "^BenchmarkDownloadCPU$",
+		Ratios: []ratio{
+			{Label: "CPU per MiB of an HTTP/1.1 download through carbd vs direct (client and world included)", Name: "BenchmarkDownloadCPU/h1/carbd", Base: "BenchmarkDownloadCPU/h1/direct", Metric: "cpu-µs/MiB"},
+			{Label: "CPU per MiB of an HTTP/2 download through carbd vs direct (client and world included)", Name: "BenchmarkDownloadCPU/h2/carbd", Base: "BenchmarkDownloadCPU/h2/direct", Metric: "cpu-µs/MiB"},
+			{Label: "CPU per MiB of a direct HTTP/1.1 download vs a bare crypto/tls pair (what carbd's decryption and re-encryption cost at least)", Name: "BenchmarkDownloadCPU/h1/direct", Base: "BenchmarkDownloadCPU/tls-pair", Metric: "cpu-µs/MiB"},
+		},
+	},
+	{
 		// The VM backends' control channel (issue 9: the env message).
 		Title: "Control channel (pkg/ctrl)",
 		Pkg:   "./pkg/ctrl/",

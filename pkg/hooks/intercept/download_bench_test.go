@@ -17,7 +17,7 @@ const dlMiB = 32
 // carbd's cpu-µs/MiB minus direct's. tls-pair is the floor of what
 // carbd adds: a crypto/tls server writing to a crypto/tls client over
 // loopback TCP (one encryption, one decryption, one TCP hop per byte),
-// the bytes of an HTTP download with no HTTP. Not in the report
+// the bytes of an HTTP download with no HTTP. make bench reports it
 // (docs/interception.md, "Issue 13: downloads").
 func BenchmarkDownloadCPU(b *testing.B) {
 	env := newBenchEnvWith(b, false)
