@@ -10,6 +10,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/carbd/carbd/pkg/hooks/netparse/http1"
 )
@@ -105,6 +106,9 @@ const (
 	maxHeaderN    = 256 // header fields in one head
 	maxEncodings  = 4
 	minWireBuffer = 4096
+	// keepBuffer: a body buffer up to this size is kept for the
+	// connection's next response.
+	keepBuffer = 64 << 10
 )
 
 // budget is the memory shared by every buffer of a Tracker.
@@ -191,7 +195,7 @@ func (r *reader) release() {
 // trimBuffers drops buffers that grew large, so an idle kept-alive
 // connection does not hold a megabyte.
 func (r *reader) trimBuffers() {
-	if cap(r.wire) > 64<<10 {
+	if cap(r.wire) > keepBuffer {
 		r.mem.give(cap(r.wire))
 		r.acct -= cap(r.wire)
 		r.wire = nil
@@ -248,6 +252,7 @@ func (r *reader) feed(b []byte) (int, status, error) {
 					r.st = rsDone
 					return n, stDone, nil
 				}
+				r.reserve(int(min(r.remain, int64(r.wmax))))
 			case FrameChunked:
 				// Lenient line ends, as clients read responses; the
 				// trailer section is bounded like a head.
@@ -370,6 +375,50 @@ func (r *reader) grow(buf *[]byte, n int) bool {
 	copy(nb, b)
 	*buf = nb
 	return true
+}
+
+// reserve gives the body buffer room for n bytes: a body of known length
+// is kept in one allocation of its final size. Without the memory for
+// it, the buffer grows as the bytes come, as far as the budget allows.
+func (r *reader) reserve(n int) {
+	if cap(r.wire) >= n || !r.mem.take(n-cap(r.wire)) {
+		return
+	}
+	r.acct += n - cap(r.wire)
+	nb := make([]byte, len(r.wire), n)
+	copy(nb, r.wire)
+	r.wire = nb
+}
+
+// content returns the body of the response finish returned, as an
+// event's content. A buffer the body fills exactly (a body of known
+// length, see reserve) or one too large to be kept for the next
+// response (over keepBuffer) and more than half full is handed over
+// without a copy: the string owns it from then on, the reader (or the
+// decoder) lets go of it and never writes to it again (collection of
+// this response has ended: it completed, or was reported early and
+// stopped). Otherwise the body is copied and its buffer kept for the
+// next response.
+func (r *reader) content() string {
+	b := r.resp.Body
+	if len(b) == 0 {
+		return ""
+	}
+	if len(b) <= cap(b)/2 || (len(b) < cap(b) && cap(b) <= keepBuffer) {
+		return string(b)
+	}
+	switch {
+	case len(r.wire) > 0 && &r.wire[0] == &b[0]:
+		r.mem.give(cap(r.wire))
+		r.acct -= cap(r.wire)
+		r.wire = nil
+	case len(r.dec.out[0]) > 0 && &r.dec.out[0][0] == &b[0]:
+		r.dec.out[0] = nil
+	default:
+		return string(b)
+	}
+	r.resp.Body = nil
+	return unsafe.String(&b[0], len(b))
 }
 
 // collect keeps the body bytes p, up to the response's limit.

@@ -847,7 +847,7 @@ func (t *Tracker) emitHTTP(f *flow, resp *Response, ts time.Time) {
 	}
 	ev := base
 	ev.Op = OpResponse
-	ev.Content = string(resp.Body)
+	ev.Content = f.rd.content() // resp is f.rd's response
 	ev.Fields = append(ev.Fields, decide.Field{Name: FieldStatus, Role: decide.RoleControl, Value: strconv.Itoa(resp.Status)})
 	if v := resp.Get("Content-Type"); v != "" {
 		ev.Fields = append(ev.Fields, decide.Field{Name: FieldContentType, Role: decide.RoleControl, Value: v})
