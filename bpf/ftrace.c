@@ -831,16 +831,24 @@ static __always_inline int on_exit(struct pt_regs *regs, long ret, int btf)
 			if (n > (__u64)ret)
 				n = ret;
 			__u64 size = sizeof(de->h);
-			/* Only while less than an eighth of the ring waits
-			 * unread (the default wake-up threshold: a reader
-			 * that keeps up): a reader that lags (a loaded
-			 * machine) gets header-only records, 176 bytes as
-			 * before, and reads content back, instead of a ring
-			 * filled many times faster and lost records (each of
-			 * which counts as reading everything). Captured data
-			 * takes at most an eighth of the ring from a burst. */
-			if (bpf_ringbuf_query(rb, BPF_RB_AVAIL_DATA) + sizeof(*de) >
-			    bpf_ringbuf_query(rb, BPF_RB_RING_SIZE) / 8)
+			/* Only while the unread bytes, with this record,
+			 * stay under twice the wake-up threshold (at most half
+			 * the ring; an eighth when there is no threshold): a
+			 * reader that lags (a loaded machine) gets header-only
+			 * records, 176 bytes as before, and reads content
+			 * back, instead of a ring filled many times faster
+			 * and lost records (each of which counts as reading
+			 * everything). The reader is woken at the threshold,
+			 * before capture stops (until 2026-12-02 both were an
+			 * eighth of the ring: capture stopped the moment the
+			 * reader was woken, and every record it had not read
+			 * by the time it ran was read back, or lost to an
+			 * unlink). */
+			__u64 ring = bpf_ringbuf_query(rb, BPF_RB_RING_SIZE);
+			__u64 cap = cfg->wakeup_bytes ? 2 * cfg->wakeup_bytes : ring / 8;
+			if (cap > ring / 2)
+				cap = ring / 2;
+			if (bpf_ringbuf_query(rb, BPF_RB_AVAIL_DATA) + sizeof(*de) > cap)
 				n = 0;
 			if (n && bpf_probe_read_user(de->data, n, (const void *)in->args[1]) == 0) {
 				de->h.dlen = n;

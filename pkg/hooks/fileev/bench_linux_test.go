@@ -31,23 +31,32 @@ func (h *helper) begin(t testing.TB) {
 	}
 }
 
-// benchTracer starts a tracer on root tracing pid, with Run counting the
-// decide.Events and the data records whose content could not be read
-// back; stop untraces and closes it.
-func benchTracer(b *testing.B, cfg Config, pid int) (tr *Tracer, events, contentErrs *atomic.Int64, stop func()) {
+// benchCounts is what a benchmark's Run counts.
+type benchCounts struct {
+	events      atomic.Int64 // decide.Events
+	contentErrs atomic.Int64 // data records whose content could not be read back
+	uncaptured  atomic.Int64 // reads and writes that moved bytes without content copied at the syscall
+}
+
+// benchTracer starts a tracer on root tracing pid, with Run counting
+// (benchCounts); stop untraces and closes it.
+func benchTracer(b *testing.B, cfg Config, pid int) (tr *Tracer, cnt *benchCounts, stop func()) {
 	b.Helper()
 	tr, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
-	events, contentErrs = &atomic.Int64{}, &atomic.Int64{}
+	cnt = &benchCounts{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- tr.Run(ctx, func(r *Record, evs []decide.Event) {
-			events.Add(int64(len(evs)))
+			cnt.events.Add(int64(len(evs)))
 			if r.ContentErr != "" {
-				contentErrs.Add(1)
+				cnt.contentErrs.Add(1)
+			}
+			if (r.Op == OpRead || r.Op == OpWrite) && r.Ret > 0 && !r.ContentCaptured {
+				cnt.uncaptured.Add(1)
 			}
 		})
 	}()
@@ -57,7 +66,7 @@ func benchTracer(b *testing.B, cfg Config, pid int) (tr *Tracer, events, content
 			b.Fatal(err)
 		}
 	}
-	return tr, events, contentErrs, func() {
+	return tr, cnt, func() {
 		if id > 0 {
 			tr.Untrace(id)
 		}
@@ -139,7 +148,7 @@ func benchCycle(b *testing.B, script string) {
 	wall := map[string]time.Duration{}
 	cpu := map[string]time.Duration{}   // the child's and this process's
 	child := map[string]time.Duration{} // the child's alone
-	var nEvents, nContentErrs, nEagerErrs, nReadbackErrs int64
+	var nEvents, nContentErrs, nUncaptured, nEagerErrs, nReadbackErrs int64
 	var lost uint64
 	// measure runs per cycles of h and adds its wall and CPU time
 	// (the child's and this process's) to variant v.
@@ -162,23 +171,24 @@ func benchCycle(b *testing.B, script string) {
 	for range rounds {
 		measure("plain", helpers["plain"], nil)
 
-		tr, events, cerrs, stop := benchTracer(b, Config{Root: root}, helpers["traced"].pid)
+		tr, cnt, stop := benchTracer(b, Config{Root: root}, helpers["traced"].pid)
 		measure("untraced", helpers["plain"], nil)
 		measure("traced", helpers["traced"], tr)
-		nEvents += events.Load()
-		nContentErrs += cerrs.Load()
+		nEvents += cnt.events.Load()
+		nContentErrs += cnt.contentErrs.Load()
+		nUncaptured += cnt.uncaptured.Load()
 		lost += tr.Lost()
 		stop()
 
-		tr, _, cerrs, stop = benchTracer(b, Config{Root: root, WakeupInterval: -1}, helpers["eager"].pid)
+		tr, cnt, stop = benchTracer(b, Config{Root: root, WakeupInterval: -1}, helpers["eager"].pid)
 		measure("eager", helpers["eager"], tr)
-		nEagerErrs += cerrs.Load()
+		nEagerErrs += cnt.contentErrs.Load()
 		lost += tr.Lost()
 		stop()
 
-		tr, _, cerrs, stop = benchTracer(b, Config{Root: root, ReadBack: true}, helpers["readback"].pid)
+		tr, cnt, stop = benchTracer(b, Config{Root: root, ReadBack: true}, helpers["readback"].pid)
 		measure("readback", helpers["readback"], tr)
-		nReadbackErrs += cerrs.Load()
+		nReadbackErrs += cnt.contentErrs.Load()
 		lost += tr.Lost()
 		stop()
 	}
@@ -205,6 +215,7 @@ func benchCycle(b *testing.B, script string) {
 	b.ReportMetric(float64(cpu["readback"])/float64(cpu["plain"]), "readback-cpu-ratio")
 	b.ReportMetric(float64(nEvents)/n, "events/op")
 	b.ReportMetric(float64(nContentErrs)/n, "content-err/op")
+	b.ReportMetric(float64(nUncaptured)/n, "uncaptured/op") // of 2 reads and writes per cycle
 	b.ReportMetric(float64(nEagerErrs)/n, "eager-content-err/op")
 	b.ReportMetric(float64(nReadbackErrs)/n, "readback-content-err/op")
 	b.ReportMetric(float64(lost), "lost")
@@ -311,7 +322,7 @@ func benchCycleBPF(b *testing.B, traced bool) {
 	if traced {
 		pid = h.pid
 	}
-	tr, _, _, stop := benchTracer(b, Config{Root: root, PinDir: testPinDir(b)}, pid)
+	tr, _, stop := benchTracer(b, Config{Root: root, PinDir: testPinDir(b)}, pid)
 	defer stop()
 	names := make([]string, 0, len(tr.host.progs))
 	for name := range tr.host.progs {

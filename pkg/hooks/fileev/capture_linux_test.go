@@ -175,8 +175,9 @@ func TestContentCaptured(t *testing.T) {
 	}
 }
 
-// TestCaptureYieldsToLaggingReader: while an eighth of the ring or more waits
-// unread, a read or write is recorded without its bytes (176 bytes, not
+// TestCaptureYieldsToLaggingReader: while twice the wake-up threshold (a
+// quarter of the ring by default) or more waits unread, a read or write
+// is recorded without its bytes (176 bytes, not
 // up to 4,272) and its content is read back instead, so that a reader
 // that lags does not lose records. The reader is held while a python3
 // writes 150 files of 4 KiB into a 1 MiB ring: the first writes are
@@ -268,5 +269,5 @@ for i in range(%d):
 			k++
 		}
 	}
-	t.Logf("%d of %d writes captured before an eighth of the ring waited", k, n)
+	t.Logf("%d of %d writes captured before a quarter of the ring waited", k, n)
 }
