@@ -432,26 +432,22 @@ func (r *respTap) egress(b []byte) {
 	}
 }
 
+// ingress shows the tracker the server's next bytes b (fin: the server
+// closed after them) as one segment without a frame (FeedServer): no
+// copy of b is made, so the body bytes past what the event keeps are
+// framed by the response's length or chunks and counted, nothing more.
 func (r *respTap) ingress(b []byte, fin bool, emit func(ev *respwatch.Result)) {
-	for first := true; first || len(b) > 0; first = false {
-		n := min(len(b), maxSegment)
-		flags := uint8(tcpACK | tcpPSH)
-		if fin && n == len(b) {
-			flags |= tcpFIN
-		}
-		if n == 0 && !fin {
-			return
-		}
-		res := r.t.Feed(time.Now(), r.sg.frame(false, r.sseq, r.cseq, flags, b[:n]), capture.Ingress)
-		r.sseq += uint32(n)
-		b = b[n:]
-		for _, ev := range res.Events {
-			if ev.Op == respwatch.OpResponse {
-				r.responses++
-			}
-		}
-		emit(res)
+	if len(b) == 0 && !fin {
+		return
 	}
+	res := r.t.FeedServer(time.Now(), r.sg.client, r.sg.server, r.sseq, b, fin)
+	r.sseq += uint32(len(b))
+	for _, ev := range res.Events {
+		if ev.Op == respwatch.OpResponse {
+			r.responses++
+		}
+	}
+	emit(res)
 }
 
 // observer returns the function that hands a tracker result's events to

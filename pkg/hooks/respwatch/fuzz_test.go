@@ -90,7 +90,7 @@ func FuzzTracker(f *testing.F) {
 			return
 		}
 		size := int(mss%200) + 1
-		run := func(sched []byte, lossy bool) ([]decide.Event, Stats) {
+		run := func(sched []byte, lossy, frameless bool) ([]decide.Event, Stats) {
 			tr := newTracker(t, fuzzConfig)
 			c := newConn(t, guest, server)
 			reqs := get("/a", "h.test") + get("/b", "h.test") + get("/c", "h.test")
@@ -135,7 +135,12 @@ func FuzzTracker(f *testing.F) {
 				frames = kept
 			}
 			frames = append(frames, c.ack(), fin)
-			evs := feedAll(t, tr, frames)
+			var evs []decide.Event
+			if frameless {
+				evs = feedServer(t, tr, frames)
+			} else {
+				evs = feedAll(t, tr, frames)
+			}
 			evs = append(evs, tr.Flush(time.Unix(1<<40, 0)).Events...)
 			evs = append(evs, tr.Close(time.Unix(1<<40, 0)).Events...)
 			for _, ev := range evs {
@@ -152,12 +157,15 @@ func FuzzTracker(f *testing.F) {
 			}
 			return evs, st
 		}
-		got, st := run(schedule, lossy)
+		got, st := run(schedule, lossy, false)
+		if seg, sst := run(schedule, lossy, true); !sameEvents(seg, got) || sst != st {
+			t.Fatalf("FeedServer:\n%+v\n%+v\nFeed:\n%+v\n%+v", summarize(seg), sst, summarize(got), st)
+		}
 		if lossy || st.OOODropped > 0 {
 			// Segments beyond the reassembly bounds are lost, by design.
 			return
 		}
-		want, _ := run(nil, false)
+		want, _ := run(nil, false, false)
 		if len(got) != len(want) {
 			t.Fatalf("reordered: %d events, in order: %d\n%+v\n%+v", len(got), len(want), summarize(got), summarize(want))
 		}

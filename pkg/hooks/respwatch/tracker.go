@@ -205,6 +205,29 @@ func (t *Tracker) Feed(ts time.Time, frame []byte, dir capture.Direction) *Resul
 	return res
 }
 
+// FeedServer takes a segment of the server's stream of the connection
+// client -> server without a frame: data starting at sequence number
+// seq, the server's FIN after it when fin is set. It is what Feed does
+// with an ingress frame carrying that segment (ACK set), without
+// building and decoding the frame: for byte streams carbd holds in
+// process (pkg/hooks/intercept's decrypted exchanges), whose bytes past
+// what an event keeps then cost no copy. The addresses must be the ones
+// of the connection's frames (the same family for both). data is not
+// modified nor kept.
+func (t *Tracker) FeedServer(ts time.Time, client, server netip.AddrPort, seq uint32, data []byte, fin bool) *Result {
+	res := &t.res
+	clear(res.Events)
+	*res = Result{Events: res.Events[:0]}
+	t.stats.Frames++
+	p := &t.pk
+	*p = pkt{src: server, dst: client, proto: protoTCP, seq: seq, flags: flagACK, payload: data}
+	if fin {
+		p.flags |= flagFIN
+	}
+	t.ingress(ts, p)
+	return res
+}
+
 // Flush advances the tracker's clock: a response that has received
 // nothing for PendingTimeout is reported with what it has, an opaque
 // stream's first bytes are reported, flows idle for FlowIdle are ended,
