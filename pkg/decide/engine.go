@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,12 @@ type Options struct {
 	// engine has no label for: the labels persisted by earlier sessions
 	// (pkg/staging keeps them with the working directory).
 	LocationLabel func(path string) (Label, bool)
+	// LocationLabelsUnder, when set, lists the labels persisted by
+	// earlier sessions of the paths strictly below dir (dir + "/..."),
+	// keyed by their full paths: a renamed or linked directory carries
+	// them to the same relative paths under its new name. Without it
+	// only the labels this engine holds are carried.
+	LocationLabelsUnder func(dir string) map[string]Label
 	// MaxTraceEvents bounds how many recent events the engine keeps for
 	// the oracle's view (default 4096). Provenance (T, S, labels) is never
 	// trimmed.
@@ -529,6 +536,116 @@ func (e *Engine) labelWritesLocked(d *Decision, into map[string]Label) {
 			into[f.Value] = label(f.Value)
 		}
 	}
+	e.carryLabelsLocked(ev, into)
+}
+
+// Operations whose destination holds the source's content (fileev's
+// names; pkg/decide imports no kernel-facing package).
+const (
+	opRename = "file:rename"
+	opLink   = "file:link"
+	// renameExchange is renameat2's RENAME_EXCHANGE: both names swap
+	// their content.
+	renameExchange = 0x2
+)
+
+// carryLabelsLocked gives a rename's or a link's destination the label
+// of its source, so state cannot launder a label by a new name (labels
+// are never forgotten): the destination's label joins the source's
+// location label, whichever holds it (an open scope, this run, an
+// earlier session), and every labelled path below a source directory
+// carries its label to the same relative path below the destination.
+// An exchange carries both ways. Labels are only joined, never lowered.
+// Both names' own labels are already in into (labelWritesLocked).
+func (e *Engine) carryLabelsLocked(ev *Event, into map[string]Label) {
+	if ev.Op != opRename && ev.Op != opLink {
+		return
+	}
+	var src, dst, flags string
+	for _, f := range ev.Fields {
+		switch {
+		case f.Name == "path" && f.Role == RoleTarget:
+			src = f.Value
+		case f.Name == "newpath" && f.Role == RoleTarget:
+			dst = f.Value
+		case f.Name == "flags" && f.Role == RoleControl:
+			flags = f.Value
+		}
+	}
+	if src == "" || dst == "" || src == dst {
+		return
+	}
+	exchange := false
+	if ev.Op == opRename && flags != "" {
+		v, err := strconv.ParseUint(flags, 0, 64)
+		// Flags that cannot be read are taken as an exchange: the
+		// conservative direction (both names join both labels).
+		exchange = err != nil || v&renameExchange != 0
+	}
+	// Read both sides before either is written: an exchange carries
+	// what each side held.
+	fromSrc := e.labelsAtLocked(src)
+	var fromDst map[string]Label
+	if exchange {
+		fromDst = e.labelsAtLocked(dst)
+	}
+	carry(into, fromSrc, src, dst, e.locationLabel)
+	if exchange {
+		carry(into, fromDst, dst, src, e.locationLabel)
+	}
+}
+
+// carry joins every label of ls (keyed by paths at or below from) into
+// the same relative path below to, over that path's own label.
+func carry(into, ls map[string]Label, from, to string, own func(string) (Label, bool)) {
+	for p, l := range ls {
+		q := to + p[len(from):]
+		if o, ok := into[q]; ok {
+			l = l.Combine(o)
+		} else if o, ok := own(q); ok {
+			l = l.Combine(o)
+		}
+		into[q] = l
+	}
+}
+
+// labelsAtLocked returns the location labels of path and of every path
+// below it, each the join of what every layer holds for it (the open
+// scopes, this run's, the earlier sessions').
+func (e *Engine) labelsAtLocked(path string) map[string]Label {
+	out := map[string]Label{}
+	add := func(p string, l Label) {
+		if o, ok := out[p]; ok {
+			l = l.Combine(o)
+		}
+		out[p] = l
+	}
+	if l, ok := e.locationLabel(path); ok {
+		add(path, l)
+	}
+	prefix := path + "/"
+	for _, m := range []map[string]Label{e.loc, scopeLoc(e.scope), scopeLoc(e.next)} {
+		for p, l := range m {
+			if strings.HasPrefix(p, prefix) {
+				add(p, l)
+			}
+		}
+	}
+	if e.opt.LocationLabelsUnder != nil {
+		for p, l := range e.opt.LocationLabelsUnder(path) {
+			if strings.HasPrefix(p, prefix) {
+				add(p, l)
+			}
+		}
+	}
+	return out
+}
+
+func scopeLoc(sc *scope) map[string]Label {
+	if sc == nil {
+		return nil
+	}
+	return sc.loc
 }
 
 // decideBlockingLocked asks the oracle about one deferred blocking effect
