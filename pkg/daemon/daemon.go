@@ -426,7 +426,7 @@ func (d *daemon) setup(ctx context.Context) error {
 	labels := fc.st.Labels()
 	d.audit = &lockedWriter{w: audit}
 	opt := decide.Options{Oracle: stoppableOracle{Oracle: coveringOracle{Oracle: d.cfg.Oracle, d: d}, stopping: d.stopping}, Audit: d.audit, OracleTimeout: 5 * time.Minute,
-		LocationLabel: labels.Get}
+		LocationLabel: labels.Get, LocationLabelsUnder: labels.Under}
 	if a := d.cfg.Calibration; a != nil {
 		c := a.Engine()
 		opt.Calibration = &c

@@ -1,6 +1,8 @@
 package staging
 
 import (
+	"sort"
+	"strings"
 	"sync"
 
 	"github.com/carbd/carbd/pkg/decide"
@@ -20,6 +22,9 @@ type Labels struct {
 	mu        sync.RWMutex
 	committed map[string]indexEntry   // guarded by mu; replaced, never mutated, by commits
 	pending   map[string]decide.Label // guarded by mu
+	// sorted lists committed's paths in order, built by the first Under
+	// after a commit replaced the index; guarded by mu (nil: not built).
+	sorted []string
 }
 
 func newLabels(idx map[string]indexEntry) *Labels {
@@ -62,6 +67,41 @@ func (l *Labels) Committed(path string) (decide.Label, bool) {
 		return decide.Label{}, false
 	}
 	return e.Label, true
+}
+
+// Under returns the labels of the paths strictly below dir (committed
+// and pending; a path with both has their join), keyed by their full
+// paths: a rename or a link of dir carries them to its new name
+// (decide.Options.LocationLabelsUnder).
+func (l *Labels) Under(dir string) map[string]decide.Label {
+	out := map[string]decide.Label{}
+	if dir == "" {
+		return out
+	}
+	prefix := dir + "/"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sorted == nil {
+		l.sorted = make([]string, 0, len(l.committed))
+		for p, e := range l.committed {
+			if e.HasLabel {
+				l.sorted = append(l.sorted, p)
+			}
+		}
+		sort.Strings(l.sorted)
+	}
+	for i := sort.SearchStrings(l.sorted, prefix); i < len(l.sorted) && strings.HasPrefix(l.sorted[i], prefix); i++ {
+		out[l.sorted[i]] = l.committed[l.sorted[i]].Label
+	}
+	for p, lb := range l.pending {
+		if strings.HasPrefix(p, prefix) {
+			if o, ok := out[p]; ok {
+				lb = lb.Combine(o)
+			}
+			out[p] = lb
+		}
+	}
+	return out
 }
 
 // Pending returns the staged label of path.
@@ -128,6 +168,7 @@ func (l *Labels) install(idx map[string]indexEntry, committedPending []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.committed = idx
+	l.sorted = nil
 	for _, p := range committedPending {
 		delete(l.pending, p)
 	}
