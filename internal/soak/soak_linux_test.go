@@ -433,6 +433,13 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = os.Chmod(base, 0o755)
+	t.Cleanup(func() {
+		if *flagKeep {
+			t.Logf("kept %s", base)
+			return
+		}
+		_ = os.RemoveAll(base)
+	})
 	work := filepath.Join(base, "work")
 	state := filepath.Join(base, "state")
 	for _, d := range []string{filepath.Join(base, "audit"), state} {
@@ -485,10 +492,9 @@ func TestSoak(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		if *flagKeep {
-			t.Logf("kept %s and %s", base, wsd)
+			t.Logf("kept %s", wsd)
 			return
 		}
-		_ = os.RemoveAll(base)
 		_ = os.RemoveAll(wsd)
 	})
 	w := newWorld(t, base)
