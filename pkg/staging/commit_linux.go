@@ -177,10 +177,13 @@ func (s *Stager) commit(ctx context.Context, changes []Change) (res *Result, err
 	if err != nil {
 		return nil, fmt.Errorf("staging: commit: %w", err)
 	}
-	// Drop the index entries of everything below removed entries.
-	for k := range p.idx {
-		if p.goneAncestor(k) {
-			delete(p.idx, k)
+	// Drop the index entries of everything below removed entries (a
+	// walk of the whole index: only when something was removed).
+	if len(p.gone) > 0 {
+		for k := range p.idx {
+			if p.goneAncestor(k) {
+				delete(p.idx, k)
+			}
 		}
 	}
 	if h.IndexPre {
