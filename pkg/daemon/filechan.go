@@ -768,6 +768,9 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 		// read would launder what the agent had read.
 		labelled := commit[:0:0]
 		for _, c := range commit {
+			if !fc.joinSourceLabel(c) {
+				continue
+			}
 			if lb, ok := fc.d.engine.LocationLabel(c.Path); ok {
 				if err := fc.st.Stage(c.Path, lb); err != nil {
 					fc.mu.Lock()
@@ -790,6 +793,31 @@ func (fc *fileChannel) commitPoint(ctx context.Context) {
 		res, err := fc.st.Abort(ctx, abort)
 		fc.finish(abort, res, err, false)
 	}
+}
+
+// joinSourceLabel gives a file about to be committed the label of the
+// labelled content of B it holds at another path (staging.SourceLabel):
+// a rename, a link or an exchange the tracer did not see (io_uring, a
+// lost record) moved it there, and labels are never forgotten. The label
+// is joined into the engine's, so it is persisted with the change and a
+// later read in this run carries it. It reports false when the content
+// could not be compared: the change stays staged, reported (fail closed).
+func (fc *fileChannel) joinSourceLabel(c staging.Change) bool {
+	from, lb, ok, err := fc.st.SourceLabel(c)
+	if err != nil {
+		fc.mu.Lock()
+		if fc.refuseLocked(fmt.Sprintf("%s %q: label not known: %v", c.Op, c.Path, err)) {
+			fc.d.log.Error("the label of a staged change's source: not committed", "path", c.Path, "err", err)
+		}
+		fc.mu.Unlock()
+		return false
+	}
+	if ok {
+		fc.d.engine.JoinLocationLabel(c.Path, lb)
+		fc.d.log.Info("staged file holds labelled content of another path: label joined", "path", c.Path, "from", from,
+			"level", fc.d.engine.Policy().LevelName(lb.Level))
+	}
+	return true
 }
 
 // auditLabel writes the basis of the label the commit-point decision dec

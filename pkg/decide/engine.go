@@ -347,6 +347,27 @@ func (e *Engine) SetLocationLabels(m map[string]Label) {
 	}
 }
 
+// JoinLocationLabel joins l into the label of path, wherever the engine
+// holds one (committed, and in the open scopes), so it is never lowered:
+// the commit point gives a file the label of content it found moved
+// there without an event (a rename the tracer did not see).
+func (e *Engine) JoinLocationLabel(path string, l Label) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if o, ok := e.locationLabel(path); ok {
+		l = l.Combine(o)
+	}
+	e.loc[path] = l
+	for _, sc := range []*scope{e.scope, e.next} {
+		if sc == nil {
+			continue
+		}
+		if o, ok := sc.loc[path]; ok {
+			sc.loc[path] = o.Combine(l)
+		}
+	}
+}
+
 // ScopeOpen reports the open scope's id, or 0.
 func (e *Engine) ScopeOpen() uint64 {
 	e.mu.Lock()

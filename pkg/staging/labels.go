@@ -25,10 +25,28 @@ type Labels struct {
 	// sorted lists committed's paths in order, built by the first Under
 	// after a commit replaced the index; guarded by mu (nil: not built).
 	sorted []string
+	// base is the index as Open loaded it: the labels of the content of
+	// the frozen base B (a commit replaces committed, never base).
+	base map[string]indexEntry
+	// bySize lists B's labelled regular files by size and baseSums their
+	// contents' SHA-256, built on first use by Stager.SourceLabel.
+	sourceMu sync.Mutex
+	bySize   map[int64][]string  // guarded by sourceMu
+	baseSums map[string][32]byte // guarded by sourceMu
 }
 
 func newLabels(idx map[string]indexEntry) *Labels {
-	return &Labels{committed: idx, pending: make(map[string]decide.Label)}
+	return &Labels{committed: idx, base: idx, pending: make(map[string]decide.Label)}
+}
+
+// baseLabel returns the label path had when the run opened: the label of
+// B's content at path.
+func (l *Labels) baseLabel(path string) (decide.Label, bool) {
+	e, ok := l.base[path]
+	if !ok || !e.HasLabel {
+		return decide.Label{}, false
+	}
+	return e.Label, true
 }
 
 // pendingSnapshot copies the pending labels.
