@@ -2,6 +2,7 @@ package soak
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -47,5 +48,25 @@ func TestSummaryCounts(t *testing.T) {
 	}
 	if got := summaryCounts("no summary\n"); len(got) != 0 {
 		t.Fatalf("no summary: %v", got)
+	}
+}
+
+func TestSummarise(t *testing.T) {
+	rows := []Row{{"run": 0, "grows": 100, "flat": 9}} // run 0: the baseline, not fitted
+	for n := 1; n <= 3; n++ {
+		rows = append(rows, Row{"run": float64(n), "grows": float64(2 * n), "flat": 7})
+	}
+	got := summarise(rows)
+	for _, want := range []string{
+		"| resource | run 1 | run 3 | growth per run ± s.e. | grows |",
+		"| flat | 7 | 7 | 0 ± 0 |  |",
+		"| grows | 2 | 6 | 2 ± 0 | **yes** |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+	if got := summarise(rows[:3]); got != "fewer than three runs: no fit\n" {
+		t.Errorf("two runs: %q", got)
 	}
 }
