@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 
+	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/decide"
 )
 
@@ -107,4 +109,53 @@ func changesOf(t *testing.T, st *Stager) []Change {
 		t.Fatal(err)
 	}
 	return cs
+}
+
+// BenchmarkSourceLabel measures what SourceLabel costs the commit point
+// with n labelled files in W (sizes spread over 4,096 values, as a
+// repository's objects): first, the call that reads the sizes of B's
+// labelled files (once a run); then one call for a staged file whose
+// size matches a few of them (their hashes cached after the first).
+func BenchmarkSourceLabel(b *testing.B) {
+	testutil.RequireRoot(b)
+	for _, n := range []int{1_000, 10_000} {
+		b.Run(fmt.Sprintf("labels=%d", n), func(b *testing.B) {
+			base := b.TempDir()
+			w := filepath.Join(base, "w")
+			must(b, os.Mkdir(w, 0o755))
+			idx := make(map[string]indexEntry, n)
+			for i := 0; i < n; i++ {
+				p := fmt.Sprintf("objects/%02x/%038x", i%256, i)
+				must(b, os.MkdirAll(filepath.Join(w, filepath.Dir(p)), 0o755))
+				must(b, os.WriteFile(filepath.Join(w, p), []byte(fmt.Sprintf("%0*d", 64+i%4096, i)), 0o644))
+				idx[p] = indexEntry{Label: decide.Label{Level: 1}, HasLabel: true}
+			}
+			st, err := Open(Config{WorkDir: w, StateDir: filepath.Join(base, "s")})
+			must(b, err)
+			defer st.Close()
+			must(b, st.Mount())
+			defer st.Unmount()
+			st.labels.install(idx, nil)
+			st.labels.base = idx
+			// A staged file of the size of objects 0, 4096, 8192, ...
+			must(b, os.WriteFile(filepath.Join(st.Layout().Merged, "new.txt"), []byte(fmt.Sprintf("%064d", 1)), 0o644))
+			cs, err := st.Changes(context.Background())
+			must(b, err)
+			if len(cs) != 1 {
+				b.Fatalf("changes: %v", cs)
+			}
+			start := time.Now()
+			if _, _, ok, err := st.SourceLabel(cs[0]); err != nil || ok {
+				b.Fatalf("SourceLabel: %v %v", ok, err)
+			}
+			first := time.Since(start)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, _, ok, err := st.SourceLabel(cs[0]); err != nil || ok {
+					b.Fatalf("SourceLabel: %v %v", ok, err)
+				}
+			}
+			b.ReportMetric(float64(first.Microseconds()), "first-us")
+		})
+	}
 }
