@@ -26,7 +26,9 @@
 //     received; one request is upstream at a time, so the 403 of a
 //     refused pipelined request comes in its place. Responses stream
 //     back as they arrive and are framed (for ordering and provenance) by
-//     respwatch's tracker, fed with synthetic TCP segments.
+//     respwatch's tracker, given each released request as RequestStream
+//     framed it (Tracker.Pair) and the server's bytes as they are read
+//     (Tracker.FeedServer, no synthetic segments).
 //   - HTTP/2: net/http's HTTP/2 server on the client side and one
 //     net/http ClientConn upstream (the implementation x/net/http2 now
 //     wraps); each stream is one effect; a refused stream gets a 403, the

@@ -13,14 +13,11 @@ const (
 	tcpACK = 0x10
 )
 
-// maxSegment is the most payload one synthetic segment carries (an IPv4
-// datagram is at most 65535 bytes).
-const maxSegment = 60000
-
 // segmenter builds the Ethernet frames of a synthetic TCP connection
-// between two addresses, so that the decrypted byte streams can be fed
-// to netparse's request parser and respwatch's tracker, which take
-// packets. It is not safe for concurrent use.
+// between two addresses: the handshake that opens the connection in
+// respwatch's tracker (the response tap then gives it the requests as
+// parsed and the server's bytes without frames). It is not safe for
+// concurrent use.
 type segmenter struct {
 	client, server netip.AddrPort
 	buf            []byte

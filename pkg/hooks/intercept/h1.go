@@ -102,6 +102,7 @@ func (c *conn) serveH1(ctx context.Context) error {
 			continue
 		}
 		h.sent, h.keep = h.sent[:0], h.served > 0 && idempotent(req.Event.Op)
+		h.rw.pair(e.req)
 		if err := h.consume(e.start, e.end, h.forward); err != nil {
 			return err
 		}
@@ -165,8 +166,9 @@ func (h *h1Conn) trim(k int) {
 	h.pendAt += int64(k)
 }
 
-// forward writes released client bytes upstream and shows them to the
-// response tap (so responses pair with their requests).
+// forward writes released client bytes upstream. (The response tap is
+// given the request as the framer parsed it, respTap's Pair: it does not
+// parse the bytes again.)
 func (h *h1Conn) forward(b []byte) error {
 	if h.keep {
 		if len(h.sent)+len(b) > maxRetryBytes {
@@ -183,7 +185,6 @@ func (h *h1Conn) forward(b []byte) error {
 			h.upDead, h.upErr = true, err // sent again on a new connection
 		}
 	}
-	h.rw.egress(b)
 	return nil
 }
 
@@ -403,12 +404,15 @@ func (h *h1Conn) tunnel(start int64) error {
 
 // respTap feeds the decrypted exchange of one connection to respwatch's
 // tracker, which frames the responses (streaming: it keeps only what the
-// event needs) and builds the provenance events.
+// event needs) and builds the provenance events. The requests are not
+// fed: the tracker is given each released request as h1Framer parsed it
+// (Tracker.Pair, before its bytes go upstream), so the client's stream
+// is framed once, by one parser.
 type respTap struct {
-	t          *respwatch.Tracker
-	sg         *segmenter
-	cseq, sseq uint32
-	responses  int
+	t         *respwatch.Tracker
+	sg        *segmenter
+	sseq      uint32
+	responses int
 }
 
 func newRespTap(sg *segmenter) (*respTap, error) {
@@ -416,20 +420,17 @@ func newRespTap(sg *segmenter) (*respTap, error) {
 	if err != nil {
 		return nil, fmt.Errorf("intercept: response tracker: %w", err)
 	}
-	r := &respTap{t: t, sg: sg, cseq: 1, sseq: 1}
+	r := &respTap{t: t, sg: sg, sseq: 1}
 	now := time.Now()
 	t.Feed(now, sg.frame(true, 0, 0, tcpSYN, nil), capture.Egress)
 	t.Feed(now, sg.frame(false, 0, 1, tcpSYN|tcpACK, nil), capture.Ingress)
 	return r, nil
 }
 
-func (r *respTap) egress(b []byte) {
-	for len(b) > 0 {
-		n := min(len(b), maxSegment)
-		r.t.Feed(time.Now(), r.sg.frame(true, r.cseq, r.sseq, tcpACK|tcpPSH, b[:n]), capture.Egress)
-		r.cseq += uint32(n)
-		b = b[n:]
-	}
+// pair tells the tracker the request about to be forwarded: the next
+// response answers it.
+func (r *respTap) pair(q respwatch.Request) {
+	r.t.Pair(r.sg.client, r.sg.server, q)
 }
 
 // ingress shows the tracker the server's next bytes b (fin: the server

@@ -9,6 +9,7 @@ import (
 
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/netparse"
+	"github.com/carbd/carbd/pkg/hooks/respwatch"
 )
 
 // h1Effect is one effect framed from the client's decrypted HTTP/1.x
@@ -26,6 +27,8 @@ type h1Effect struct {
 	// continueHead: the head of an Expect: 100-continue request; its
 	// body follows as the next effect, which then covers the head too.
 	continueHead bool
+	// req is what the response tracker pairs the response with.
+	req respwatch.Request
 }
 
 // h1Framer frames the client's decrypted byte stream with netparse's
@@ -111,6 +114,7 @@ func (f *h1Framer) take(r *netparse.StreamRequest) {
 	x.tunnel = e.HTTP.Tunnel
 	origin := x.http && len(e.HTTP.Target) > 0 && e.HTTP.Target[0] == '/'
 	x.ev = e.Event()
+	x.req, _ = respwatch.RequestOf(e)
 	if origin {
 		httpsURL(&x.ev)
 	}

@@ -96,6 +96,13 @@ func TestPipelined(t *testing.T) {
 	if bodyField != "hello world" {
 		t.Errorf("chunked body field %q", bodyField)
 	}
+	// Each response the world sent is observed, paired with its request
+	// (the refused ones' 403s are carbd's own).
+	wantObs := "http:response https://localhost/one|http:response https://localhost/two|" +
+		"http:response https://localhost/four-head|http:response https://localhost/four|http:response https://localhost/five"
+	if obs := strings.Join(tp.observed(), "|"); obs != wantObs {
+		t.Errorf("observed %q, want %q", obs, wantObs)
+	}
 }
 
 // TestNotHTTP: bytes that are not HTTP/1.x inside TLS are one open,

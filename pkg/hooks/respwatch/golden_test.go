@@ -13,6 +13,7 @@ import (
 
 	"github.com/carbd/carbd/pkg/decide"
 	"github.com/carbd/carbd/pkg/hooks/capture"
+	"github.com/carbd/carbd/pkg/hooks/netparse"
 )
 
 var updateGolden = flag.Bool("update-golden", false, "rewrite testdata/events.golden from the events of TestEventsGolden")
@@ -183,29 +184,50 @@ func digestEvents(evs []decide.Event, st Stats) string {
 	return fmt.Sprintf("%x", h.Sum(nil)[:12])
 }
 
-// runGolden feeds the case's frames and digests what came out. With
-// server set, the server's segments (but SYN and RST) are given to
-// FeedServer, as the interceptor's tap gives them, instead of Feed.
-func runGolden(tb testing.TB, c *goldenCase, frames []framed, server bool) (string, int) {
+// How runGolden gives the tracker a connection.
+const (
+	viaFrames = iota // every frame to Feed
+	viaServer        // the server's segments (but SYN and RST) to FeedServer
+	viaPair          // also: the guest's data segments framed by netparse's RequestStream and given to Pair, not fed (as the interceptor's tap does)
+)
+
+// runGolden feeds the case's frames as via says and returns the events
+// and the counters.
+func runGolden(tb testing.TB, c *goldenCase, frames []framed, via int) ([]decide.Event, Stats) {
 	tr := newTracker(tb, c.cfg)
+	rs, err := netparse.NewRequestStream(netparse.Config{})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	ts := time.Unix(1_700_000_000, 0)
 	var evs []decide.Event
 	var p pkt
 	for _, f := range frames {
 		ts = ts.Add(time.Millisecond)
-		if server && f.dir == capture.Ingress {
+		if via != viaFrames {
 			if err := decodeFrame(f.data, &p); err != nil {
 				tb.Fatal(err)
 			}
-			if p.flags&(flagSYN|flagRST) == 0 {
-				evs = append(evs, tr.FeedServer(ts, p.dst, p.src, p.seq, p.payload, p.flags&flagFIN != 0).Events...)
-				continue
-			}
 		}
-		evs = append(evs, tr.Feed(ts, f.data, f.dir).Events...)
+		switch {
+		case via >= viaServer && f.dir == capture.Ingress && p.flags&(flagSYN|flagRST) == 0:
+			evs = append(evs, tr.FeedServer(ts, p.dst, p.src, p.seq, p.payload, p.flags&flagFIN != 0).Events...)
+		case via == viaPair && f.dir == capture.Egress && len(p.payload) > 0:
+			if _, err := rs.Write(p.payload); err != nil {
+				tb.Fatal(err)
+			}
+			for r := rs.Next(); r != nil; r = rs.Next() {
+				r.Src, r.Dst, r.Proto, r.Family = p.src, p.dst, 6, 4
+				if q, ok := RequestOf(&r.Effect); ok {
+					tr.Pair(p.src, p.dst, q)
+				}
+			}
+		default:
+			evs = append(evs, tr.Feed(ts, f.data, f.dir).Events...)
+		}
 	}
 	evs = append(evs, tr.Close(ts.Add(time.Second)).Events...)
-	return digestEvents(evs, tr.Stats()), len(evs)
+	return evs, tr.Stats()
 }
 
 // TestEventsGolden: the events of 160 random connections (framings,
@@ -214,18 +236,24 @@ func runGolden(tb testing.TB, c *goldenCase, frames []framed, server bool) (stri
 // ones recorded in testdata/events.golden. The file was written by the
 // tracker before its body buffers changed (-update-golden rewrites it):
 // the events must stay byte for byte what they were, whether the
-// server's segments come as frames (Feed) or not (FeedServer).
+// server's segments come as frames (Feed) or not (FeedServer), and
+// whether the tracker frames the requests or is given them (Pair).
 func TestEventsGolden(t *testing.T) {
 	cases := goldenCases(t)
 	var got []string
 	total := 0
 	for i := range cases {
 		frames := goldenFrames(t, &cases[i])
-		d, n := runGolden(t, &cases[i], frames, false)
-		if ds, _ := runGolden(t, &cases[i], frames, true); ds != d {
-			t.Errorf("case %d: FeedServer's events (digest %s) differ from Feed's (%s)", i, ds, d)
+		evs, st := runGolden(t, &cases[i], frames, viaFrames)
+		d := digestEvents(evs, st)
+		if sevs, sst := runGolden(t, &cases[i], frames, viaServer); digestEvents(sevs, sst) != d {
+			t.Errorf("case %d: FeedServer's events (digest %s) differ from Feed's (%s)", i, digestEvents(sevs, sst), d)
 		}
-		total += n
+		// Pair: the guest's segments are not fed, so Stats.Frames differs.
+		if pevs, _ := runGolden(t, &cases[i], frames, viaPair); digestEvents(pevs, Stats{}) != digestEvents(evs, Stats{}) {
+			t.Errorf("case %d: with Pair, the events differ from Feed's", i)
+		}
+		total += len(evs)
 		got = append(got, fmt.Sprintf("%03d %s", i, d))
 	}
 	if total < 300 {

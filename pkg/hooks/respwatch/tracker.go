@@ -361,7 +361,7 @@ func (t *Tracker) requests(r *netparse.Result) {
 		switch e.Kind {
 		case netparse.KindHTTP:
 			if !e.HTTP.BodyOnly {
-				t.pushRequest(f, e)
+				t.pushRequest(f, requestInfo(e))
 			}
 		case netparse.KindTLS:
 			f.tls, f.sni = true, string(e.TLS.SNI)
@@ -369,7 +369,8 @@ func (t *Tracker) requests(r *netparse.Result) {
 	}
 }
 
-func (t *Tracker) pushRequest(f *flow, e *netparse.Effect) {
+// requestInfo is what the tracker keeps of the HTTP request e.
+func requestInfo(e *netparse.Effect) reqInfo {
 	ev := e.Event()
 	r := &e.HTTP
 	ri := reqInfo{method: string(r.Method), url: ev.Obj, host: ev.Dest.Host, hostRaw: string(r.Host), path: string(r.Path)}
@@ -377,6 +378,46 @@ func (t *Tracker) pushRequest(f *flow, e *netparse.Effect) {
 	if len(r.Query) > 0 {
 		ri.target += "?" + string(r.Query)
 	}
+	return ri
+}
+
+// Request is what the tracker keeps of a request: its method (how its
+// response is framed) and its names (how the response is named). See
+// Tracker.Pair.
+type Request struct {
+	ri reqInfo
+	ok bool
+}
+
+// RequestOf returns what the tracker keeps of e, an HTTP request that
+// netparse framed (its RequestStream, as pkg/hooks/intercept frames a
+// decrypted client stream): the same the tracker keeps of the requests
+// its own netparse parser frames from the guest's segments. ok is false
+// when e is not the head of an HTTP request (another kind of effect, or
+// the body of a request whose head came as an effect of its own).
+func RequestOf(e *netparse.Effect) (Request, bool) {
+	if e.Kind != netparse.KindHTTP || e.HTTP.BodyOnly {
+		return Request{}, false
+	}
+	return Request{ri: requestInfo(e), ok: true}, true
+}
+
+// Pair hands the tracker a request the guest sent on the connection
+// client -> server, framed by the caller: the connection's next
+// response is paired with it and named by it, as with a request the
+// tracker frames itself. It is for a caller that frames the guest's
+// stream with netparse already and feeds the server's side with
+// FeedServer (pkg/hooks/intercept): the guest's request bytes are then
+// not fed at all, so they are framed once. The connection must have
+// been opened by Feed (its handshake); a zero Request or an unknown
+// connection is ignored.
+func (t *Tracker) Pair(client, server netip.AddrPort, r Request) {
+	if f := t.flows[flowKey{client, server}]; f != nil && r.ok {
+		t.pushRequest(f, r.ri)
+	}
+}
+
+func (t *Tracker) pushRequest(f *flow, ri reqInfo) {
 	f.last, f.haveLast = ri, true
 	switch {
 	case f.unpaired:
