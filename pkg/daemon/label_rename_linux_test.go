@@ -49,6 +49,10 @@ func TestLabelRenameAcrossRuns(t *testing.T) {
 		// redirect_dir is off, so one with lower content cannot): its
 		// files carry their labels to the new name.
 		{"dir", `mkdir d && mv notes.txt d/notes.txt && mv d d2 && python3 -c 'import os; os.rename("d2/notes.txt", "public.txt")'`},
+		// A symlink: a read through it may be reported under the
+		// link's name (it was, and released, before the link carried
+		// its target's label).
+		{"symlink", `ln -s notes.txt public.txt`},
 		// renameat2(RENAME_EXCHANGE) over a public.txt the user wrote.
 		{"exchange", `python3 -c 'import ctypes; libc = ctypes.CDLL(None, use_errno=True); assert libc.renameat2(-100, b"notes.txt", -100, b"public.txt", 2) == 0, ctypes.get_errno()'`},
 	} {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	pathpkg "path"
 	"strconv"
 	"strings"
 	"sync"
@@ -563,8 +564,9 @@ func (e *Engine) labelWritesLocked(d *Decision, into map[string]Label) {
 // Operations whose destination holds the source's content (fileev's
 // names; pkg/decide imports no kernel-facing package).
 const (
-	opRename = "file:rename"
-	opLink   = "file:link"
+	opRename  = "file:rename"
+	opLink    = "file:link"
+	opSymlink = "file:symlink"
 	// renameExchange is renameat2's RENAME_EXCHANGE: both names swap
 	// their content.
 	renameExchange = 0x2
@@ -578,8 +580,14 @@ const (
 // carries its label to the same relative path below the destination.
 // An exchange carries both ways. Labels are only joined, never lowered.
 // Both names' own labels are already in into (labelWritesLocked).
+//
+// A symlink is a name for its target's content too: a read through it
+// may be reported under the link's name, so the link's path joins the
+// label of its target (a relative target that stays inside the working
+// directory, resolved lexically from the link's directory; an absolute
+// target or one that leaves it is not mapped).
 func (e *Engine) carryLabelsLocked(ev *Event, into map[string]Label) {
-	if ev.Op != opRename && ev.Op != opLink {
+	if ev.Op != opRename && ev.Op != opLink && ev.Op != opSymlink {
 		return
 	}
 	var src, dst, flags string
@@ -589,9 +597,24 @@ func (e *Engine) carryLabelsLocked(ev *Event, into map[string]Label) {
 			src = f.Value
 		case f.Name == "newpath" && f.Role == RoleTarget:
 			dst = f.Value
+		case f.Name == "linkto" && f.Role == RoleTarget:
+			dst = f.Value
 		case f.Name == "flags" && f.Role == RoleControl:
 			flags = f.Value
 		}
+	}
+	if ev.Op == opSymlink {
+		// path is the link, linkto its target: the target's labels go
+		// to the link.
+		link, target := src, dst
+		if link == "" || target == "" || strings.HasPrefix(target, "/") {
+			return
+		}
+		target = pathpkg.Join(pathpkg.Dir(link), target)
+		if target == "." || target == ".." || strings.HasPrefix(target, "../") || target == link {
+			return
+		}
+		src, dst = target, link
 	}
 	if src == "" || dst == "" || src == dst {
 		return

@@ -18,6 +18,12 @@ func twoPath(op, src, dst, flags string) Event {
 	return ev
 }
 
+// symlink is the event fileev gives a symlink at link to target.
+func symlink(link, target string) Event {
+	return Event{Ch: ChanFile, Dir: Out, Op: "file:symlink", Obj: link,
+		Fields: []Field{{Name: "path", Role: RoleTarget, Value: link}, {Name: "linkto", Role: RoleTarget, Value: target}}}
+}
+
 // committedLabels stands for the labels earlier sessions persisted
 // (pkg/staging's index), with both of the engine's hooks.
 type committedLabels map[string]Label
@@ -152,6 +158,30 @@ func TestRenameCarriesLabel(t *testing.T) {
 				"published/x": secret, "published/sub/deep": internal, "published/y": secret,
 				"drafts": secret, "published": secret, // written after the secret read
 			},
+		},
+		{
+			name:      "symlink",
+			committed: committedLabels{"notes.txt": secret},
+			effects:   []Event{symlink("public.txt", "notes.txt")},
+			want:      map[string]Label{"notes.txt": secret, "public.txt": secret},
+		},
+		{
+			name:      "symlink up a directory",
+			committed: committedLabels{"notes.txt": secret},
+			effects:   []Event{symlink("drafts/p2.txt", "../notes.txt")},
+			want:      map[string]Label{"notes.txt": secret, "drafts/p2.txt": secret},
+		},
+		{
+			name:      "symlink to a directory",
+			committed: committedLabels{"drafts/x.txt": secret},
+			effects:   []Event{symlink("outbox", "drafts")},
+			want:      map[string]Label{"drafts/x.txt": secret, "outbox/x.txt": secret, "outbox": public},
+		},
+		{
+			name:      "symlink out of the working directory or absolute: not mapped",
+			committed: committedLabels{"notes.txt": secret},
+			effects:   []Event{symlink("public.txt", "../notes.txt"), symlink("drafts/a.txt", "/work/notes.txt")},
+			want:      map[string]Label{"notes.txt": secret, "public.txt": public, "drafts/a.txt": public},
 		},
 		{
 			name:      "a directory exchange carries both ways",
