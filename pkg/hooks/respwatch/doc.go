@@ -30,7 +30,15 @@
 //     Transfer-Encoding, chunked bodies, here with lenient line ends),
 //     the same whatever the segments (TestResponseSegmentation), and gzip and deflate
 //     bodies are decoded up to a bound; other codings are reported raw
-//     and opaque.
+//     and opaque. A Content-Length body is kept in one buffer of its
+//     final size (at most the bound) that the event takes without a
+//     copy; past the bound body bytes are counted, not copied.
+//
+// A caller that holds a connection's bytes in process
+// (pkg/hooks/intercept) opens it with its handshake frames, then gives
+// the requests it framed with netparse (Tracker.Pair, RequestOf) and the
+// server's bytes without frames (Tracker.FeedServer): the events are
+// those of the same frames (TestEventsGolden).
 //
 // Events (see docs/responses.md for every field):
 //
