@@ -10,7 +10,7 @@ APT_PKGS := clang-14 llvm-14 libbpf-dev bpftool iptables nftables iperf3 \
             git python3 python3-requests nodejs libhyperscan-dev
 BIN      := bin/carbd
 
-.PHONY: all setup build install deb lint test test-fresh test-short e2e bench demo generate check-generated fuzz fuzz-long clean vmimage
+.PHONY: all setup build install deb lint test test-fresh test-short e2e soak bench demo generate check-generated fuzz fuzz-long clean vmimage
 
 all: build
 
@@ -85,6 +85,14 @@ e2e:
 	cd $(E2E_DIR) && $(SUDO) npm ci --no-audit --no-fund --loglevel=error
 	$(GO) vet -tags e2e ./internal/e2e/...
 	CARBD_CODEX=$(E2E_DIR)/node_modules/.bin/codex $(GO) test -tags e2e -count=1 -v -timeout 15m ./internal/e2e/...
+
+## soak: SOAK_RUNS (default 200) consecutive carbd runs in one git working
+##       directory with a scripted coding agent and a person editing it too;
+##       checks nothing is lost or leaks and writes per-run figures of what
+##       accumulates (docs/soak.md; root; about 2 s a run)
+SOAK_RUNS ?= 200
+soak:
+	$(GO) test -tags soak -count=1 -timeout 0 -v ./internal/soak -soak.runs $(SOAK_RUNS)
 
 ## test-short: the unprivileged unit tests only
 test-short:
