@@ -150,6 +150,14 @@ func benchCycle(b *testing.B, script string) {
 	child := map[string]time.Duration{} // the child's alone
 	var nEvents, nContentErrs, nUncaptured, nEagerErrs, nReadbackErrs int64
 	var lost uint64
+	losses := map[string]Stats{} // per variant, by counter
+	addLoss := func(v string, tr *Tracer) {
+		st, sum := tr.Stats(), losses[v]
+		sum.RingFull += st.RingFull
+		sum.InflightFull += st.InflightFull
+		losses[v] = sum
+		lost += tr.Lost()
+	}
 	// measure runs per cycles of h and adds its wall and CPU time
 	// (the child's and this process's) to variant v.
 	measure := func(v string, h *helper, tr *Tracer) {
@@ -177,19 +185,19 @@ func benchCycle(b *testing.B, script string) {
 		nEvents += cnt.events.Load()
 		nContentErrs += cnt.contentErrs.Load()
 		nUncaptured += cnt.uncaptured.Load()
-		lost += tr.Lost()
+		addLoss("traced", tr)
 		stop()
 
 		tr, cnt, stop = benchTracer(b, Config{Root: root, WakeupInterval: -1}, helpers["eager"].pid)
 		measure("eager", helpers["eager"], tr)
 		nEagerErrs += cnt.contentErrs.Load()
-		lost += tr.Lost()
+		addLoss("eager", tr)
 		stop()
 
 		tr, cnt, stop = benchTracer(b, Config{Root: root, ReadBack: true}, helpers["readback"].pid)
 		measure("readback", helpers["readback"], tr)
 		nReadbackErrs += cnt.contentErrs.Load()
-		lost += tr.Lost()
+		addLoss("readback", tr)
 		stop()
 	}
 	n := float64(per * rounds)
@@ -219,6 +227,14 @@ func benchCycle(b *testing.B, script string) {
 	b.ReportMetric(float64(nEagerErrs)/n, "eager-content-err/op")
 	b.ReportMetric(float64(nReadbackErrs)/n, "readback-content-err/op")
 	b.ReportMetric(float64(lost), "lost")
+	for v, st := range losses {
+		if st.RingFull > 0 {
+			b.ReportMetric(float64(st.RingFull), v+"-lost-ringfull")
+		}
+		if st.InflightFull > 0 {
+			b.ReportMetric(float64(st.InflightFull), v+"-lost-inflight")
+		}
+	}
 }
 
 // BenchmarkReaderThroughput measures the records per second the reader
