@@ -241,6 +241,7 @@ func (e *Engine) observeLocked(ev *Event) {
 		if ll, ok := e.locationLabel(ev.Obj); ok {
 			l = l.Combine(ll)
 		}
+		l = e.aliasLabelLocked(p, ev, l) // readalias.go
 	}
 	origin := ev.Origin()
 	if ev.Ch == ChanCtrl && ev.Source == "" {
@@ -561,12 +562,13 @@ func (e *Engine) labelWritesLocked(d *Decision, into map[string]Label) {
 	e.carryLabelsLocked(ev, into)
 }
 
-// Operations whose destination holds the source's content (fileev's
-// names; pkg/decide imports no kernel-facing package).
+// Operations whose destination holds the source's content, and the read
+// (fileev's names; pkg/decide imports no kernel-facing package).
 const (
 	opRename  = "file:rename"
 	opLink    = "file:link"
 	opSymlink = "file:symlink"
+	opRead    = "file:read"
 	// renameExchange is renameat2's RENAME_EXCHANGE: both names swap
 	// their content.
 	renameExchange = 0x2
@@ -629,14 +631,30 @@ func (e *Engine) carryLabelsLocked(ev *Event, into map[string]Label) {
 	// Read both sides before either is written: an exchange carries
 	// what each side held.
 	fromSrc := e.labelsAtLocked(src)
+	e.joinSourceLabelLocked(fromSrc, src)
 	var fromDst map[string]Label
 	if exchange {
 		fromDst = e.labelsAtLocked(dst)
+		e.joinSourceLabelLocked(fromDst, dst)
 	}
 	carry(into, fromSrc, src, dst, e.locationLabel)
 	if exchange {
 		carry(into, fromDst, dst, src, e.locationLabel)
 	}
+}
+
+// joinSourceLabelLocked joins into ls[path] the label the policy gives a
+// read of path (its sensitive sources' level, untrusted unless a trusted
+// source): a rename's or a link's destination holds the source's
+// content, so `ln certs/key.pem k` or `mv certs/key.pem k` makes k as
+// sensitive as certs/key.pem was, in this run and, persisted as k's
+// location label, in later ones.
+func (e *Engine) joinSourceLabelLocked(ls map[string]Label, path string) {
+	l := e.policy.Load().SourceLabel(&Event{Ch: ChanFile, Dir: In, Obj: path, Op: opRead})
+	if o, ok := ls[path]; ok {
+		l = l.Combine(o)
+	}
+	ls[path] = l
 }
 
 // carry joins every label of ls (keyed by paths at or below from) into
