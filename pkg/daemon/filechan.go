@@ -36,8 +36,12 @@ type fileChannel struct {
 	merged string
 	tracer *fileev.Tracer
 	cg     *fileev.Cgroup
-	cancel context.CancelFunc
-	done   chan struct{}
+	// aliases attributes each traced read to the file it read
+	// (readalias.go); nil while tracing is off, or when M's root could
+	// not be opened: then every read is unresolved (fail closed).
+	aliases *readAliases
+	cancel  context.CancelFunc
+	done    chan struct{}
 
 	// readGen is the read generation shared with the TC program
 	// (revoke.go); set before tracing starts.
@@ -164,23 +168,33 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 	cg, err := fileev.NewCgroup(name)
 	if err != nil {
 		fc.d.log.Warn("file tracing off (no cgroup): every sensitive file counts as read", "err", err)
-		fc.assumeSensitiveRead(nil)
+		fc.assumeSensitiveRead(nil, "")
 		return ""
 	}
 	fc.cg = cg
 	tr, err := fileev.New(fileev.Config{Root: fc.merged, RingBytes: fc.d.cfg.FileRingBytes, ReadGen: fc.readGen})
 	if err != nil {
 		fc.d.log.Warn("file tracing off: every sensitive file counts as read", "err", err)
-		fc.assumeSensitiveRead(nil)
+		fc.assumeSensitiveRead(nil, "")
 		return cg.Path
 	}
 	if _, err := tr.Trace(fileev.Target{Cgroup: cg.Path, View: view}); err != nil {
 		tr.Close()
 		fc.d.log.Warn("file tracing off: every sensitive file counts as read", "err", err)
-		fc.assumeSensitiveRead(nil)
+		fc.assumeSensitiveRead(nil, "")
 		return cg.Path
 	}
 	fc.tracer = tr
+	if ra, n, complete, err := openReadAliases(fc.merged, fc.st.Layout().Base, fc.d.engine.Policy()); err != nil {
+		fc.d.log.Error("reads cannot be attributed to the file read: every read counts as unresolved", "err", err)
+	} else {
+		fc.aliases = ra
+		lvl := slog.LevelDebug
+		if !complete {
+			lvl = slog.LevelWarn
+		}
+		fc.d.log.Log(ctx, lvl, "sensitive files indexed by inode", "files", n, "complete", complete)
+	}
 	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	fc.cancel = cancel
 	fc.done = make(chan struct{})
@@ -211,16 +225,41 @@ func (fc *fileChannel) handleRecord(ctx context.Context, rec *fileev.Record, evs
 		fc.mu.Lock()
 		fc.unattributed++
 		fc.mu.Unlock()
-		fc.assumeSensitiveRead(rec)
+		fc.assumeSensitiveRead(rec, "")
 	case rec.Kind == fileev.KindLoss:
 		// Records were lost: a read among them is a read carbd did
 		// not see.
-		fc.assumeSensitiveRead(rec)
+		fc.assumeSensitiveRead(rec, "")
 	}
 	fc.noteUnseen(rec)
+	if fc.aliases != nil {
+		fc.aliases.note(rec)
+	}
 	for _, ev := range evs {
+		if ev.Dir == decide.In && ev.Ch == decide.ChanFile {
+			// A read: attributed to the file it read, not to the name
+			// it was read by (readalias.go).
+			if why := fc.attributeRead(rec, &ev); why != "" {
+				fc.mu.Lock()
+				fc.unattributed++
+				fc.mu.Unlock()
+				fc.assumeSensitiveRead(rec, why)
+			}
+		}
 		fc.event(ctx, ev)
 	}
+}
+
+// attributeRead rewrites ev, an incoming event of rec, to name the file
+// it read (readAliases.attribute); it returns why it could not, "" when
+// it could.
+func (fc *fileChannel) attributeRead(rec *fileev.Record, ev *decide.Event) string {
+	if fc.aliases == nil {
+		const why = "M's root is not open"
+		ev.Fields = append(ev.Fields, decide.Field{Name: decide.FieldUnresolved, Role: decide.RoleControl, Value: why})
+		return why
+	}
+	return fc.aliases.attribute(fc.d.engine.Policy(), rec, ev)
 }
 
 // syncTracing returns once every traced file operation that returned
@@ -391,8 +430,9 @@ const (
 // is deferred as if the read had been traced: fail closed, at no cost to
 // effects that carry none of it. The files are read again only once the
 // agent has changed something since. rec is the record that triggered it
-// (nil: tracing is off).
-func (fc *fileChannel) assumeSensitiveRead(rec *fileev.Record) {
+// (nil: tracing is off); detail, when set, says why its read could not be
+// attributed.
+func (fc *fileChannel) assumeSensitiveRead(rec *fileev.Record, detail string) {
 	fc.mu.Lock()
 	if fc.assumed && fc.assumedAt == fc.changes {
 		fc.mu.Unlock()
@@ -405,6 +445,8 @@ func (fc *fileChannel) assumeSensitiveRead(rec *fileev.Record) {
 	switch {
 	case rec != nil && rec.Kind == fileev.KindLoss:
 		why = fmt.Sprintf("file events were lost (%d so far)", rec.Lost)
+	case rec != nil && detail != "":
+		why = fmt.Sprintf("a %s by pid %d could not be attributed (%s)", rec.Op, rec.PID, detail)
 	case rec != nil:
 		why = fmt.Sprintf("a %s by pid %d could not be attributed (%s%s)", rec.Op, rec.PID, rec.Malformed, rec.ContentErr)
 	}
@@ -1173,6 +1215,7 @@ func (fc *fileChannel) close() error {
 	if fc.tracer != nil {
 		fc.tracer.Close()
 	}
+	fc.aliases.close()
 	if fc.cg != nil {
 		_ = fc.cg.Kill()
 		_ = fc.cg.Remove()
