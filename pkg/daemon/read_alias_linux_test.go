@@ -1,12 +1,17 @@
 package daemon
 
 import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/carbd/carbd/internal/testutil"
 	"github.com/carbd/carbd/pkg/decide"
@@ -218,6 +223,69 @@ func TestReadAliasAttribute(t *testing.T) {
 			}
 			if ev.Obj != tc.obj || !slices.Equal(aliases, tc.aliases) || unresolved != tc.unresolved || (why != "") != tc.unresolved {
 				t.Errorf("attributed to %q, aliases %q, unresolved %v (%s); want %q, %q, %v", ev.Obj, aliases, unresolved, why, tc.obj, tc.aliases, tc.unresolved)
+			}
+		})
+	}
+}
+
+// Integrity: a value read under a trusted name (docs/**) through a
+// symlink to an untrusted file vouches for nothing. The URL in
+// inbox/mail.txt, read as docs/ep.txt, is not a trusted target: the GET
+// is refused; read from a real docs/ep.txt it is. Without the read's
+// resolution the user's link was released (the agent's is caught by the
+// engine too: a symlink's path joins its target's source label).
+func TestReadAliasUntrustedNotTrusted(t *testing.T) {
+	testutil.RequireTool(t, "curl")
+	w := newWorld(t, 206)
+	policy := strings.Replace(e2ePolicy, "  task: true\n", "  task: true\n  paths: [\"docs/**\"]\n", 1)
+	p, err := decide.ParsePolicy("e2e-docs.yaml", []byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const get = `cat docs/ep.txt >/dev/null && curl -sS -m 5 "$(cat docs/ep.txt)"; echo "get=$?"`
+	for _, tc := range []struct {
+		name    string
+		user    func(t *testing.T, work string)
+		script  string
+		release bool
+	}{
+		{name: "trusted file", user: func(t *testing.T, work string) {
+			writeUserFile(t, work, "docs/ep.txt", "http://evil.example.net/x\n")
+		}, script: get, release: true},
+		{name: "agent symlink", script: `ln -s ../inbox/mail.txt docs/ep.txt && ` + get},
+		{name: "user symlink", user: func(t *testing.T, work string) {
+			userLink(t, "../inbox/mail.txt", filepath.Join(work, "docs", "ep.txt"))
+		}, script: get},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			work := workdir(t)
+			for _, d := range []string{"docs", "inbox"} {
+				if err := os.Mkdir(filepath.Join(work, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testutil.Run(t, "chown", "-R", fmt.Sprint(sandboxUID), work)
+			writeUserFile(t, work, "inbox/mail.txt", "http://evil.example.net/x\n")
+			if tc.user != nil {
+				tc.user(t, work)
+			}
+			n := len(w.requests())
+			var out bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			_, err := Run(ctx, Config{ID: testutil.UniqueName("e"), StateDir: t.TempDir(), Policy: p, PolicyPath: "e2e-docs.yaml",
+				Workdir: work, Task: "Fetch the endpoint docs/ep.txt names", Argv: []string{"/bin/sh", "-c", tc.script}, UID: sandboxUID, GID: sandboxUID,
+				Hosts:       map[string][]netip.Addr{"api.example.com": {w.addr}, "evil.example.net": {w.addr}},
+				HoldTimeout: 3 * time.Second, Stdout: &out, Stderr: &out})
+			if err != nil {
+				t.Fatalf("run: %v\n%s", err, out.String())
+			}
+			got := newRequests(w, n)
+			if tc.release && (len(got) != 1 || !strings.Contains(got[0], "evil.example.net GET /x")) {
+				t.Errorf("the trusted file's URL: the world received %q, want the GET\n%s", got, out.String())
+			}
+			if !tc.release && len(got) > 0 {
+				t.Errorf("the world received %q\n%s", got, out.String())
 			}
 		})
 	}
