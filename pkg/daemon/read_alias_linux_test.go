@@ -290,3 +290,46 @@ func TestReadAliasUntrustedNotTrusted(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkReadAliasAttribute is the cost a traced read pays for its
+// attribution: a path through no symlink (openat2, fstat), and through
+// a directory symlink (a second openat2 and the descriptor's readlink).
+func BenchmarkReadAliasAttribute(b *testing.B) {
+	p, err := decide.ParsePolicy("e2e.yaml", []byte(e2ePolicy))
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := b.TempDir()
+	if err := os.MkdirAll(filepath.Join(m, "src", "pkg"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(m, "src", "pkg", "main.go"), []byte("package main\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Symlink("src", filepath.Join(m, "s")); err != nil {
+		b.Fatal(err)
+	}
+	ra, _, _, err := openReadAliases(m, b.TempDir(), p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ra.close()
+	for _, path := range []string{"src/pkg/main.go", "s/pkg/main.go"} {
+		b.Run(strings.ReplaceAll(path, "/", "_"), func(b *testing.B) {
+			f, err := os.Open(filepath.Join(m, path))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ino, _ := fdinfoIno(int(f.Fd()))
+			f.Close()
+			rec := &fileev.Record{Kind: fileev.KindSyscall, Op: fileev.OpRead, Path: path, InRoot: true, Ino: ino, Ret: 13}
+			b.ReportAllocs()
+			for b.Loop() {
+				ev := decide.Event{Ch: decide.ChanFile, Dir: decide.In, Obj: path, Op: fileev.OpNameRead}
+				if why := ra.attribute(p, rec, &ev); why != "" {
+					b.Fatal(why)
+				}
+			}
+		})
+	}
+}
