@@ -45,6 +45,7 @@ func TestReadAliasSecretNotReleased(t *testing.T) {
 		{name: "absolute symlink", script: `ln -s "$PWD/certs/service.pem" k && cat k` + post, unresolved: true},
 		{name: "hard link", script: `ln certs/service.pem k2 && cat k2` + post},
 		{name: "rename", script: `mv certs/service.pem k && cat k` + post},
+		{name: "directory rename", script: `mv certs keys && cat keys/service.pem` + post},
 		{name: "user dir symlink", before: `echo draft > draft.txt`, user: func(t *testing.T, work string) {
 			userLink(t, "certs", filepath.Join(work, "c"))
 		}, script: `cat c/service.pem` + post},
