@@ -334,3 +334,37 @@ func BenchmarkReadAliasAttribute(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkReadAliasIndex is the run start's walk of the sensitive
+// globs' matches, for a glob with no static prefix ("**/*.pem": the whole
+// tree is walked) over 10,000 files, 10 of them matching.
+func BenchmarkReadAliasIndex(b *testing.B) {
+	p, err := decide.ParsePolicy("idx.yaml", []byte(strings.Replace(e2ePolicy, `paths: ["certs/**"]`, `paths: ["**/*.pem"]`, 1)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := b.TempDir()
+	for d := range 100 {
+		dir := filepath.Join(m, "src", fmt.Sprint(d))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		for f := range 100 {
+			name := fmt.Sprintf("f%d.go", f)
+			if f == 0 && d%10 == 0 {
+				name = "key.pem"
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	base := b.TempDir()
+	for b.Loop() {
+		ra, n, complete, err := openReadAliases(m, base, p)
+		if err != nil || n != 10 || !complete {
+			b.Fatalf("indexed %d (complete %v): %v", n, complete, err)
+		}
+		ra.close()
+	}
+}
