@@ -199,7 +199,7 @@ func TestReadAliasAttribute(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ino, err := fdinfoIno(int(f.Fd()))
+			ino, err := fileev.KernelIno(int(f.Fd()))
 			f.Close()
 			if err != nil {
 				t.Fatal(err)
@@ -321,7 +321,7 @@ func BenchmarkReadAliasAttribute(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			ino, _ := fdinfoIno(int(f.Fd()))
+			ino, _ := fileev.KernelIno(int(f.Fd()))
 			f.Close()
 			rec := &fileev.Record{Kind: fileev.KindSyscall, Op: fileev.OpRead, Path: path, InRoot: true, Ino: ino, Ret: 13}
 			b.ReportAllocs()

@@ -102,8 +102,8 @@ func (ra *readAliases) index(p *decide.Policy) (int, bool) {
 					return nil
 				}
 				defer unix.Close(fd)
-				// As the tracer will report it (fdinfoIno).
-				ino, err := fdinfoIno(fd)
+				// As the tracer will report it (fileev.KernelIno).
+				ino, err := fileev.KernelIno(fd)
 				if err != nil {
 					return nil
 				}
@@ -305,7 +305,7 @@ func (ra *readAliases) resolve(rel string, want uint64) (string, uint64, string)
 		// another for the same file: the upper file's after a copy-up
 		// when the file has more than one link. fdinfo says what the
 		// tracer saw.
-		if i, err := fdinfoIno(fd); err == nil {
+		if i, err := fileev.KernelIno(fd); err == nil {
 			ino = i
 		}
 	}
@@ -326,18 +326,3 @@ func (ra *readAliases) resolve(rel string, want uint64) (string, uint64, string)
 	return canon, ino, ""
 }
 
-// fdinfoIno returns the inode number of the file open at fd as the
-// kernel holds it (/proc/self/fdinfo: file_inode(f)->i_ino, what the
-// tracer reports).
-func fdinfoIno(fd int) (uint64, error) {
-	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "ino:"); ok {
-			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("fdinfo of %d: no ino", fd)
-}

@@ -913,11 +913,18 @@ func (c *fileCache) open(root int, rel string, ino uint64) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("%s is no longer a regular file", rel)
 	}
-	if ino != 0 && st.Ino != ino {
-		unix.Close(fd)
-		return -1, fmt.Errorf("%s was replaced since the operation", rel)
-	}
 	key := st.Ino
+	if ino != 0 && st.Ino != ino {
+		// The record has the kernel's inode of the open file, the
+		// overlay's own; stat of a file copied up from a lower file with
+		// a second link (carbd's base is a hard-link farm) gives the
+		// upper file's. fdinfo has the kernel's.
+		if k, err := KernelIno(fd); err != nil || k != ino {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%s was replaced since the operation", rel)
+		}
+		key = ino
+	}
 	if c.fds == nil {
 		c.fds = map[uint64]int{}
 	}
@@ -942,4 +949,22 @@ func (c *fileCache) clear() {
 	}
 	clear(c.fds)
 	c.order = c.order[:0]
+}
+
+// KernelIno returns the inode number of the file open at fd as the kernel
+// holds it (/proc/self/fdinfo: file_inode(f)->i_ino), the number a
+// Record's Ino carries. On overlayfs it can differ from what fstat
+// reports: a file copied up from a lower file with more than one link
+// keeps the overlay's inode number, and fstat gives the upper file's.
+func KernelIno(fd int) (uint64, error) {
+	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "ino:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("fdinfo of descriptor %d: no ino line", fd)
 }
