@@ -325,4 +325,3 @@ func (ra *readAliases) resolve(rel string, want uint64) (string, uint64, string)
 	}
 	return canon, ino, ""
 }
-
