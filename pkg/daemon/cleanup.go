@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/carbd/carbd/internal/mountinfo"
 	"github.com/carbd/carbd/pkg/hooks/fileev"
 	"github.com/carbd/carbd/pkg/hooks/nfrules"
 	"github.com/carbd/carbd/pkg/hooks/tcx"
@@ -404,48 +404,20 @@ func stagingMounts() ([]stagingMount, error) {
 // parseStagingMounts reads a mountinfo table (proc(5)) for the overlays
 // mounted at <state>/sandboxes/<id>/merged.
 func parseStagingMounts(r io.Reader) ([]stagingMount, error) {
+	ms, err := mountinfo.Parse(r)
 	var out []stagingMount
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, fl := range fields {
-			if fl == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || sep+1 >= len(fields) || fields[sep+1] != "overlay" {
+	for _, m := range ms {
+		if m.FSType != "overlay" || !filepath.IsAbs(m.Point) || filepath.Base(m.Point) != "merged" {
 			continue
 		}
-		point := unescapeOctal(fields[4])
-		if !filepath.IsAbs(point) || filepath.Base(point) != "merged" {
-			continue
-		}
-		point = filepath.Clean(point)
+		point := filepath.Clean(m.Point)
 		sbDir := filepath.Dir(point)
 		if filepath.Base(filepath.Dir(sbDir)) != "sandboxes" {
 			continue
 		}
 		out = append(out, stagingMount{id: filepath.Base(sbDir), point: point, stateDir: filepath.Dir(filepath.Dir(sbDir))})
 	}
-	return out, sc.Err()
-}
-
-func unescapeOctal(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return out, err
 }
 
 // heldFlocks maps each file with an flock(2) held to its holder's pid

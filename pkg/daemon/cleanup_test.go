@@ -31,11 +31,15 @@ func TestParseStagingMounts(t *testing.T) {
 102 30 0:57 / /run/other/merged rw - overlay x rw
 103 30 0:58 / /run/carbd/sandboxes/c3/merged rw - tmpfs tmpfs rw
 104 30 0:59 / relative/sandboxes/c4/merged rw - overlay x rw
-short line
 `
 	got, err := parseStagingMounts(strings.NewReader(in))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A line that is no mount is an error naming it; what came before it
+	// is still listed.
+	if ms, err := parseStagingMounts(strings.NewReader(in + "short line\n")); err == nil || !strings.Contains(err.Error(), "line 7") || len(ms) != 2 {
+		t.Errorf("a table ending in a short line: %v, %d mounts", err, len(ms))
 	}
 	want := []stagingMount{
 		{id: "c1", point: "/run/carbd/sandboxes/c1/merged", stateDir: "/run/carbd"},

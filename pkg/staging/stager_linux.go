@@ -1,18 +1,17 @@
 package staging
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/carbd/carbd/internal/mountinfo"
 	"github.com/carbd/carbd/pkg/decide"
 )
 
@@ -462,53 +461,19 @@ func (s *Stager) Unmount() error {
 // Mounted reports whether this layout's overlay is mounted at M: the
 // mount table has an overlay at M whose upperdir is the layout's.
 func Mounted(l *Layout) (bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return false, fmt.Errorf("staging: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
+	for _, m := range ms {
+		if m.FSType != "overlay" || m.Point != l.Merged {
 			continue
 		}
-		pf := strings.Fields(pre)
-		qf := strings.Fields(post)
-		if len(pf) < 5 || len(qf) < 3 || qf[0] != "overlay" {
-			continue
-		}
-		if unescapeMountinfo(pf[4]) != l.Merged {
-			continue
-		}
-		for _, o := range strings.Split(qf[2], ",") {
-			if k, v, _ := strings.Cut(o, "="); k == "upperdir" && unescapeMountinfo(v) == l.Upper {
-				return true, nil
-			}
+		if up, ok := m.SuperOption("upperdir"); ok && up == l.Upper {
+			return true, nil
 		}
 	}
-	return false, sc.Err()
-}
-
-// unescapeMountinfo undoes the octal escapes of /proc/self/mountinfo.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v := s[i+1 : i+4]; v[0] >= '0' && v[0] <= '3' && v[1] >= '0' && v[1] <= '7' && v[2] >= '0' && v[2] <= '7' {
-				b.WriteByte((v[0]-'0')<<6 | (v[1]-'0')<<3 | (v[2] - '0'))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return false, nil
 }
 
 // ensureBase builds B, a hard-link farm of W as it is now, and the seen

@@ -3,7 +3,6 @@
 package fileev
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/carbd/carbd/internal/mountinfo"
 )
 
 // Cgroup is a cgroup v2 directory: its id is what
@@ -26,47 +27,16 @@ type Cgroup struct {
 // Cgroup2Mount returns where the cgroup v2 hierarchy is mounted
 // (/sys/fs/cgroup on unified hosts, /sys/fs/cgroup/unified on hybrid ones).
 func Cgroup2Mount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return "", fmt.Errorf("fileev: find cgroup2 mount: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint opts... - fstype source superopts
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
+	for _, m := range ms {
+		if m.FSType == "cgroup2" {
+			return m.Point, nil
 		}
-		if fs := strings.Fields(post); len(fs) > 0 && fs[0] == "cgroup2" {
-			if f := strings.Fields(pre); len(f) >= 5 {
-				return unescapeMount(f[4]), nil
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("fileev: find cgroup2 mount: %w", err)
 	}
 	return "", errors.New("fileev: no cgroup2 hierarchy is mounted")
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // OpenCgroup describes an existing cgroup v2 directory.
