@@ -479,40 +479,63 @@ static __always_inline struct ft_target *traced(__u32 tgid)
  * without it refuses them and the raw_tracepoint set is loaded. */
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
+/* fd_walk_btf is fd_info's tp_btf branch: it reads the task's file table
+ * with plain loads (one probe read for the descriptor's slot, whose type
+ * the verifier does not track); it returns 0 when fd names an open file. */
+static __always_inline int fd_walk_btf(long fd, struct ft_fdinfo *fi)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct files_struct *files = task->files;
+	if (!files)
+		return -1;
+	struct fdtable *fdt = files->fdt;
+	if (!fdt || (__u32)fd >= fdt->max_fds)
+		return -1;
+	struct file **fds = fdt->fd;
+	struct file *fp = NULL;
+	if (bpf_probe_read_kernel(&fp, sizeof(fp), &fds[fd]) || !fp)
+		return -1;
+	struct file *f = bpf_rdonly_cast(fp, bpf_core_type_id_kernel(struct file));
+	struct inode *ino = f->f_inode;
+	if (!ino)
+		return -1;
+	fi->mode = ino->i_mode;
+	fi->ino = ino->i_ino;
+	fi->dev = ino->i_sb->s_dev;
+	fi->pos = f->f_pos;
+	fi->flags = f->f_flags;
+	return 0;
+}
+
+/* fd_info_btf is fd_walk_btf as a global function, which the verifier
+ * checks once, on its own, rather than on every path that reaches a call:
+ * inlined at ft_exit_btf's two descriptors, the walk's BTF-typed loads
+ * took that program's verification from 10 to 46 ms, most of a cold
+ * tracer's load (docs/file-events.md, Load time). The call costs a few
+ * nanoseconds per exit. fi is never NULL (the check is the verifier's). */
+__noinline int fd_info_btf(long fd, struct ft_fdinfo *fi)
+{
+	if (!fi)
+		return -1;
+	return fd_walk_btf(fd, fi);
+}
+
+/* How fd_info reads the file table: with bpf_probe_read_kernel
+ * (raw_tracepoint), with plain loads inlined (tp_btf, one call site) or
+ * through fd_info_btf (tp_btf, call sites on many paths). */
+enum { FD_PROBE, FD_BTF_INLINE, FD_BTF_CALL };
+
 /* fd_info describes descriptor fd of the current task from its file
- * table; it returns 0 when fd names an open file. btf: the program is
- * tp_btf, which reads the task's file table with plain loads (one probe
- * read for the descriptor's slot, whose type the verifier does not
- * track); the raw_tracepoint programs read each field with
- * bpf_probe_read_kernel. */
-static __always_inline int fd_info(long fd, struct ft_fdinfo *fi, int btf)
+ * table the way how says; it returns 0 when fd names an open file. */
+static __always_inline int fd_info(long fd, struct ft_fdinfo *fi, int how)
 {
 	fi->fd = (__s32)fd;
 	if (fd < 0 || fd > 0x7fffffff)
 		return -1;
-	if (btf) {
-		struct task_struct *task = bpf_get_current_task_btf();
-		struct files_struct *files = task->files;
-		if (!files)
-			return -1;
-		struct fdtable *fdt = files->fdt;
-		if (!fdt || (__u32)fd >= fdt->max_fds)
-			return -1;
-		struct file **fds = fdt->fd;
-		struct file *fp = NULL;
-		if (bpf_probe_read_kernel(&fp, sizeof(fp), &fds[fd]) || !fp)
-			return -1;
-		struct file *f = bpf_rdonly_cast(fp, bpf_core_type_id_kernel(struct file));
-		struct inode *ino = f->f_inode;
-		if (!ino)
-			return -1;
-		fi->mode = ino->i_mode;
-		fi->ino = ino->i_ino;
-		fi->dev = ino->i_sb->s_dev;
-		fi->pos = f->f_pos;
-		fi->flags = f->f_flags;
-		return 0;
-	}
+	if (how == FD_BTF_INLINE)
+		return fd_walk_btf(fd, fi);
+	if (how == FD_BTF_CALL)
+		return fd_info_btf(fd, fi);
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
 	if (!fdt)
@@ -638,7 +661,7 @@ static __always_inline int on_enter(struct pt_regs *regs, long nr, int btf)
 			return 0;
 		break;
 	case FT_OP_CLOSE: {
-		if (fd_info((long)(__s32)in->args[0], &in->fi, btf))
+		if (fd_info((long)(__s32)in->args[0], &in->fi, btf ? FD_BTF_INLINE : FD_PROBE))
 			return 0;
 		__u32 fmt = in->fi.mode & S_IFMT_;
 		if (fmt != S_IFREG_ && fmt != S_IFDIR_ && fmt != S_IFLNK_)
@@ -694,7 +717,7 @@ static __always_inline int describe_fd(struct ft_fdinfo *fi, int which,
 		fd = ret;
 	else
 		fd = (long)(__s32)arg_at(in->args, which);
-	return fd_info(fd, fi, btf) == 0;
+	return fd_info(fd, fi, btf ? FD_BTF_CALL : FD_PROBE) == 0;
 }
 
 static __always_inline void read_aux(struct ft_event *e, const struct ft_sc *sc,
