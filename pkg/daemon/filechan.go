@@ -220,8 +220,13 @@ func (fc *fileChannel) startTracing(ctx context.Context, view string) (cgroupPat
 // maps to.
 func (fc *fileChannel) handleRecord(ctx context.Context, rec *fileev.Record, evs []decide.Event) {
 	defer fc.d.fileRecordSeen(rec) // after noteUnseen: the commit point sees its marks
+	// A read whose content alone was lost (the file was replaced or
+	// removed before its bytes were read back) is still attributed to its
+	// path below: it is assumed to have read every sensitive file only if
+	// that path's label is not public.
+	contentLost := unattributedRead(rec) && rec.Malformed == "" && hasFileRead(evs)
 	switch {
-	case unattributedRead(rec):
+	case unattributedRead(rec) && !contentLost:
 		fc.mu.Lock()
 		fc.unattributed++
 		fc.mu.Unlock()
@@ -239,7 +244,17 @@ func (fc *fileChannel) handleRecord(ctx context.Context, rec *fileev.Record, evs
 		if ev.Dir == decide.In && ev.Ch == decide.ChanFile {
 			// A read: attributed to the file it read, not to the name
 			// it was read by (readalias.go).
-			if why := fc.attributeRead(rec, &ev); why != "" {
+			why := fc.attributeRead(rec, &ev)
+			if why == "" && contentLost && fc.d.engine.InLabel(ev).Level > 0 {
+				// Unknown bytes of a file whose label is not public:
+				// they may be any of the sensitive content. Of a public
+				// one (no sensitive source, no label a write, rename or
+				// link gave its path, none of its other names'), they
+				// are nothing S needs, and T only misses what they
+				// would have vouched for.
+				why = "its content could not be read back: " + rec.ContentErr
+			}
+			if why != "" {
 				fc.mu.Lock()
 				fc.unattributed++
 				fc.mu.Unlock()
@@ -284,6 +299,16 @@ func (fc *fileChannel) syncTracing(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, fc.d.cfg.HoldTimeout+fc.d.oracleWait())
 	defer cancel()
 	return fc.tracer.Sync(ctx)
+}
+
+// hasFileRead reports whether evs has an incoming file event (a read).
+func hasFileRead(evs []decide.Event) bool {
+	for _, ev := range evs {
+		if ev.Dir == decide.In && ev.Ch == decide.ChanFile {
+			return true
+		}
+	}
+	return false
 }
 
 // unattributedRead reports a record of a read the tracer could not

@@ -214,6 +214,28 @@ func (e *Engine) Task(text string) {
 	e.Observe(Event{Ch: ChanCtrl, Dir: In, Obj: "principal", Content: text, Source: "the user's message"})
 }
 
+// InLabel returns the label the incoming event ev would carry if it were
+// observed now (its source's, its location's, its other names'), without
+// observing it.
+func (e *Engine) InLabel(ev Event) Label {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.inLabelLocked(e.policy.Load(), &ev)
+}
+
+func (e *Engine) inLabelLocked(p *Policy, ev *Event) Label {
+	l := p.SourceLabel(ev)
+	if ev.Ch == ChanFile {
+		// A location the agent wrote carries what it had read before the
+		// write, so state cannot launder labels (Kairos §III-C).
+		if ll, ok := e.locationLabel(ev.Obj); ok {
+			l = l.Combine(ll)
+		}
+		l = e.aliasLabelLocked(p, ev, l) // readalias.go
+	}
+	return l
+}
+
 // Observe records an incoming event: its values enter T when its source is
 // trusted, its tokens enter S when it is sensitive. Outgoing events are
 // never added to T: use Propose for them.
@@ -234,15 +256,7 @@ func (e *Engine) observeLocked(ev *Event) {
 		ev.Time = e.opt.Now()
 	}
 	e.stats.Observed++
-	l := p.SourceLabel(ev)
-	if ev.Ch == ChanFile {
-		// A location the agent wrote carries what it had read before the
-		// write, so state cannot launder labels (Kairos §III-C).
-		if ll, ok := e.locationLabel(ev.Obj); ok {
-			l = l.Combine(ll)
-		}
-		l = e.aliasLabelLocked(p, ev, l) // readalias.go
-	}
+	l := e.inLabelLocked(p, ev)
 	origin := ev.Origin()
 	if ev.Ch == ChanCtrl && ev.Source == "" {
 		origin = "the user's message"
