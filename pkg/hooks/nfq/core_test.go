@@ -180,6 +180,16 @@ func (h *harness) verdict(id uint32) bool {
 	return false
 }
 
+// waitRSTs waits (at most 10 s) until the core has sent n RSTs: a flow
+// refused by a timer has its held packets' verdicts out before its RST.
+func (h *harness) waitRSTs(n uint64) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for h.c.stats().RSTs < n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // pending asserts that packet id has no verdict (yet).
 func (h *harness) pending(id uint32) {
 	h.t.Helper()
@@ -461,6 +471,7 @@ func TestCoreHoldTimeout(t *testing.T) {
 	c := h.dial(cli4, srv4, 40008, 80)
 	p := c.write(reqHead + "\r\n")
 	h.want(p, false)
+	h.waitRSTs(1) // the refusal drops the held packets first, then resets the client
 	if s := h.c.stats(); s.Verdicts[DropHoldTimeout] != 1 || s.RSTs != 1 {
 		t.Errorf("stats %s, want a hold timeout and a RST", s.String())
 	}
