@@ -120,6 +120,16 @@ func (nc *netChannel) startIntercept() (*interceptor, error) {
 	if err := os.WriteFile(bundle, b, 0o644); err != nil {
 		return nil, fmt.Errorf("interception: the guest's bundle: %w", err)
 	}
+	// The bundle (the host's roots, ~220 KB on tmpfs) serves the run
+	// only: a host giving each run its own id kept one per run. The
+	// sandbox's bind mount holds its own reference until it is torn down
+	// (closers run in reverse: the sandbox's first).
+	d.onClose(func() error {
+		if err := os.Remove(bundle); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("interception: remove the guest's bundle: %w", err)
+		}
+		return nil
+	})
 	ic := &interceptor{nc: nc, ca: ca, bundle: bundle, waiting: map[uint64]chan decide.Decision{},
 		passing: map[netip.AddrPort]decide.Level{}, refusedCA: map[string]bool{},
 		redirect: interceptPorts(d.cfg.Intercept.Ports, d.engine.Policy().Intercept.Ports)}

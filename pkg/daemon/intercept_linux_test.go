@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -479,6 +480,15 @@ i=0; while [ ! -e /run/carbd/audited ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	// The run's decision log stays in its state directory; the guest's
+	// CA bundle (the host's roots) goes with the run.
+	sb := filepath.Join(state, "sandboxes", id)
+	if _, err := os.Stat(filepath.Join(sb, "ca-bundle.pem")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the guest's CA bundle after the run: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(sb, "audit.jsonl")); err != nil {
+		t.Errorf("the run's decision log: %v", err)
 	}
 	text := out.String()
 	for _, want := range []string{"h1=200", "h2=200", "refused=403", "v6=200 " + w6.String(), "v6refused=403"} {
