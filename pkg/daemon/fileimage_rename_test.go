@@ -14,23 +14,16 @@ import (
 // proved sound still drops it: each case says what proves the staged
 // file a (and b), or why it is not proved.
 func TestFileImageRenames(t *testing.T) {
-	sys := func(op fileev.Op, path string, f func(r *fileev.Record)) *fileev.Record {
-		r := &fileev.Record{Kind: fileev.KindSyscall, Op: op, Path: path, InRoot: true}
-		if f != nil {
-			f(r)
-		}
-		return r
-	}
 	create := func(p string) *fileev.Record {
-		return sys(fileev.OpOpen, p, func(r *fileev.Record) { r.Flags = unix.O_RDWR | unix.O_CREAT | unix.O_EXCL; r.Ret = 3 })
+		return sysRecord(fileev.OpOpen, p, func(r *fileev.Record) { r.Flags = unix.O_RDWR | unix.O_CREAT | unix.O_EXCL; r.Ret = 3 })
 	}
 	write := func(p, data string) *fileev.Record {
-		return sys(fileev.OpWrite, p, func(r *fileev.Record) {
+		return sysRecord(fileev.OpWrite, p, func(r *fileev.Record) {
 			r.Content, r.Ret, r.ContentCaptured = data, int64(len(data)), true
 		})
 	}
 	rename := func(from, to string, flags uint64) *fileev.Record {
-		return sys(fileev.OpRename, from, func(r *fileev.Record) { r.Path2, r.InRoot2, r.Flags = to, true, flags })
+		return sysRecord(fileev.OpRename, from, func(r *fileev.Record) { r.Path2, r.InRoot2, r.Flags = to, true, flags })
 	}
 	type want struct {
 		path, content, why string // why "": proved with content
@@ -57,28 +50,28 @@ func TestFileImageRenames(t *testing.T) {
 		{"exchanged with a file without an image", []*fileev.Record{create("t"), write("t", "new"), rename("t", "a", renameExchange)},
 			[]want{{"a", "new", ""}, {"t", "", whyNotNew}}},
 		{"exchanged with a mapped file", []*fileev.Record{create("t"), write("t", "new"), create("a"),
-			sys(fileev.OpMmap, "a", func(r *fileev.Record) { r.Mode, r.Flags = 0x3, 0x1 }), rename("t", "a", renameExchange)},
+			sysRecord(fileev.OpMmap, "a", func(r *fileev.Record) { r.Mode, r.Flags = 0x3, 0x1 }), rename("t", "a", renameExchange)},
 			[]want{{"a", "", whyMapping}, {"t", "", whyMapping}}},
-		{"an uncaptured write, then renamed", []*fileev.Record{create("t"), sys(fileev.OpWrite, "t", func(r *fileev.Record) { r.Content, r.Ret = "x", 1 }), rename("t", "a", 0)},
+		{"an uncaptured write, then renamed", []*fileev.Record{create("t"), sysRecord(fileev.OpWrite, "t", func(r *fileev.Record) { r.Content, r.Ret = "x", 1 }), rename("t", "a", 0)},
 			[]want{{"a", "x", whyUncaptured}}},
-		{"a write past the capture, then renamed", []*fileev.Record{create("t"), sys(fileev.OpWrite, "t", func(r *fileev.Record) {
+		{"a write past the capture, then renamed", []*fileev.Record{create("t"), sysRecord(fileev.OpWrite, "t", func(r *fileev.Record) {
 			r.Content, r.Ret, r.ContentCaptured, r.ContentTruncated = "x", 2, true, true
 		}), rename("t", "a", 0)},
 			[]want{{"a", "x", whyCut}}},
-		{"mapped, then renamed", []*fileev.Record{create("t"), write("t", "x"), sys(fileev.OpMmap, "t", func(r *fileev.Record) { r.Mode, r.Flags = 0x3, 0x1 }), rename("t", "a", 0)},
+		{"mapped, then renamed", []*fileev.Record{create("t"), write("t", "x"), sysRecord(fileev.OpMmap, "t", func(r *fileev.Record) { r.Mode, r.Flags = 0x3, 0x1 }), rename("t", "a", 0)},
 			[]want{{"a", "x", whyMapping}}},
-		{"linked, then renamed", []*fileev.Record{create("t"), write("t", "x"), sys(fileev.OpLink, "t", func(r *fileev.Record) { r.Path2, r.InRoot2 = "u", true }), rename("t", "a", 0)},
+		{"linked, then renamed", []*fileev.Record{create("t"), write("t", "x"), sysRecord(fileev.OpLink, "t", func(r *fileev.Record) { r.Path2, r.InRoot2 = "u", true }), rename("t", "a", 0)},
 			[]want{{"a", "x", whyLink}}},
-		{"renamed in from outside", []*fileev.Record{create("a"), write("a", "x"), sys(fileev.OpRename, "/tmp/t", func(r *fileev.Record) { r.InRoot, r.Path2, r.InRoot2 = false, "a", true })},
+		{"renamed in from outside", []*fileev.Record{create("a"), write("a", "x"), sysRecord(fileev.OpRename, "/tmp/t", func(r *fileev.Record) { r.InRoot, r.Path2, r.InRoot2 = false, "a", true })},
 			[]want{{"a", "x", whyRenamedIn}}},
 		{"an unknown flag", []*fileev.Record{create("t"), write("t", "x"), rename("t", "a", 0x80)}, []want{{"a", "x", "a rename with unknown flags"}}},
 		{"copied into after the rename", []*fileev.Record{create("t"), write("t", "x"), rename("t", "a", 0),
-			sys(fileev.OpCopy, "b", func(r *fileev.Record) { r.Path2, r.InRoot2, r.Ret = "a", true, 1 })},
+			sysRecord(fileev.OpCopy, "b", func(r *fileev.Record) { r.Path2, r.InRoot2, r.Ret = "a", true, 1 })},
 			[]want{{"a", "x", whyCopy}}},
 		{"records lost", []*fileev.Record{create("t"), write("t", "x"), {Kind: fileev.KindLoss, Lost: 1}, rename("t", "a", 0)}, []want{{"a", "x", whyLoss}}},
-		{"removed", []*fileev.Record{create("a"), write("a", "x"), sys(fileev.OpUnlink, "a", nil)}, []want{{"a", "x", whyRemoved}}},
+		{"removed", []*fileev.Record{create("a"), write("a", "x"), sysRecord(fileev.OpUnlink, "a", nil)}, []want{{"a", "x", whyRemoved}}},
 		{"a failed rename", []*fileev.Record{create("a"), write("a", "x"), create("t"), write("t", "y"),
-			sys(fileev.OpRename, "t", func(r *fileev.Record) { r.Path2, r.InRoot2, r.Flags, r.Ret = "a", true, renameNoreplace, -17 })},
+			sysRecord(fileev.OpRename, "t", func(r *fileev.Record) { r.Path2, r.InRoot2, r.Flags, r.Ret = "a", true, renameNoreplace, -17 })},
 			[]want{{"a", "x", ""}, {"t", "y", ""}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
