@@ -482,28 +482,17 @@ func (fc *fileChannel) assumeSensitiveRead(rec *fileev.Record, detail string) {
 	}
 	defer root.Close()
 	total, n := 0, 0
-	for _, src := range fc.d.engine.Policy().Sensitive {
-		for _, g := range src.Paths {
-			_ = filepath.WalkDir(filepath.Join(fc.merged, staticPrefix(g.Pattern)), func(p string, de fs.DirEntry, err error) error {
-				if err != nil || !de.Type().IsRegular() || total >= maxAssumedTotal {
-					return nil
-				}
-				rel, err := filepath.Rel(fc.merged, p)
-				if err != nil || !g.Match(rel) {
-					return nil
-				}
-				content, err := readBeneath(int(root.Fd()), rel, min(maxAssumedContent, maxAssumedTotal-total))
-				if err != nil {
-					return nil
-				}
-				total += len(content)
-				n++
-				fc.d.observe(decide.Event{Ch: decide.ChanFile, Dir: decide.In, Obj: rel, Op: fileev.OpNameRead,
-					Content: content, Source: "file:" + rel + " (assumed read: " + why + ")"})
-				return nil
-			})
+	walkSensitive(fc.merged, fc.d.engine.Policy(), 0, func(rel string) bool {
+		content, err := readBeneath(int(root.Fd()), rel, min(maxAssumedContent, maxAssumedTotal-total))
+		if err != nil {
+			return true
 		}
-	}
+		total += len(content)
+		n++
+		fc.d.observe(decide.Event{Ch: decide.ChanFile, Dir: decide.In, Obj: rel, Op: fileev.OpNameRead,
+			Content: content, Source: "file:" + rel + " (assumed read: " + why + ")"})
+		return total < maxAssumedTotal
+	})
 	// A flood of losses renews this every time the agent changed
 	// something: said once, then at debug level.
 	lvl := slog.LevelInfo
@@ -528,6 +517,41 @@ func staticPrefix(pattern string) string {
 	}
 	return dir
 }
+
+// walkSensitive calls fn with the path relative to M of each regular file
+// of M a sensitive source's path glob matches (walking from each glob's
+// static prefix) until fn returns false. It visits at most maxVisit
+// entries (0: no bound) and reports whether it visited all it had to.
+func walkSensitive(merged string, p *decide.Policy, maxVisit int, fn func(rel string) bool) bool {
+	visited, complete := 0, true
+	for _, src := range p.Sensitive {
+		for _, g := range src.Paths {
+			err := filepath.WalkDir(filepath.Join(merged, staticPrefix(g.Pattern)), func(path string, de fs.DirEntry, err error) error {
+				if visited++; maxVisit > 0 && visited > maxVisit {
+					complete = false
+					return filepath.SkipAll
+				}
+				if err != nil || !de.Type().IsRegular() {
+					return nil
+				}
+				rel, err := filepath.Rel(merged, path)
+				if err != nil || !g.Match(rel) {
+					return nil
+				}
+				if !fn(rel) {
+					return errStopWalk
+				}
+				return nil
+			})
+			if err == errStopWalk || !complete {
+				return complete
+			}
+		}
+	}
+	return complete
+}
+
+var errStopWalk = errors.New("stop the walk")
 
 // readBeneath reads at most limit bytes of the regular file rel below the
 // directory at dirfd, never following a symlink or leaving the directory

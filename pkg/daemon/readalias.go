@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -80,40 +79,20 @@ func openReadAliases(merged, base string, p *decide.Policy) (*readAliases, int, 
 // records their inodes. It reports how many files it found and whether
 // the walk was complete.
 func (ra *readAliases) index(p *decide.Policy) (int, bool) {
-	visited, n := 0, 0
-	complete := true
-	for _, src := range p.Sensitive {
-		for _, g := range src.Paths {
-			_ = filepath.WalkDir(filepath.Join(ra.merged, staticPrefix(g.Pattern)), func(path string, de fs.DirEntry, err error) error {
-				if visited++; visited > maxAliasWalk {
-					complete = false
-					return filepath.SkipAll
-				}
-				if err != nil || !de.Type().IsRegular() {
-					return nil
-				}
-				rel, err := filepath.Rel(ra.merged, path)
-				if err != nil || !g.Match(rel) {
-					return nil
-				}
-				fd, err := unix.Openat2(ra.root, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC,
-					Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV})
-				if err != nil {
-					return nil
-				}
-				defer unix.Close(fd)
-				// As the tracer will report it (fileev.KernelIno).
-				ino, err := fileev.KernelIno(fd)
-				if err != nil {
-					return nil
-				}
-				if ra.addLocked(ino, rel) {
-					n++
-				}
-				return nil
-			})
+	n := 0
+	complete := walkSensitive(ra.merged, p, maxAliasWalk, func(rel string) bool {
+		fd, err := unix.Openat2(ra.root, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV})
+		if err != nil {
+			return true
 		}
-	}
+		defer unix.Close(fd)
+		// As the tracer will report it (fileev.KernelIno).
+		if ino, err := fileev.KernelIno(fd); err == nil && ra.addLocked(ino, rel) {
+			n++
+		}
+		return true
+	})
 	return n, complete
 }
 
